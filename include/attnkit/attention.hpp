@@ -1,0 +1,139 @@
+// The attention op: O = softmax(scale * Q K^T + mask) V, fused, for every batch entry and head.
+//
+// Plan, then run: `Attention` checks the problem once (shapes, layouts, options) and sizes the scratch;
+// `run` checks the buffers (extents, overlap, key lengths) and only then writes. Any rejected input raises
+// attnkit::Error naming the argument and the rule, and nothing is written.
+#pragma once
+
+#include <attnkit/dtype.hpp>
+#include <attnkit/error.hpp>
+#include <attnkit/layout.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace attnkit {
+
+// What a query row with no visible key gives: NaN (what softmax over an all -inf row gives) or zeros.
+enum class MaskedRows : std::uint8_t { Nan, Zero };
+
+struct AttentionProblem {
+  std::int64_t batch = 1;
+  std::int64_t heads = 1;
+  std::int64_t kv_heads = 0;  // 0: same as heads. Query head h reads K/V head h / (heads / kv_heads).
+  std::int64_t q_len = 0;
+  std::int64_t k_len = 0;
+  std::int64_t head_dim = 0;    // 1..256, of Q and K
+  std::int64_t v_head_dim = 0;  // 0: same as head_dim. 1..256, of V and O
+  std::optional<float> scale;   // default 1 / sqrt(head_dim)
+  DType dtype = DType::f32;     // Q, K, V and O
+
+  // Where each tensor's elements live: Q [b, h, i, :], K/V [b, kv_h, j, :], O [b, h, i, :].
+  Layout q, k, v, o;
+
+  // Additive float32 mask [b, h, i, j] (row elements j contiguous); -inf hides a key. Broadcast by stride 0.
+  bool has_mask = false;
+  Layout mask;
+  // Per-batch key lengths, int32[batch]: keys at or past length[b] are hidden.
+  bool has_key_lengths = false;
+  // Causal: query i sees key j when j <= i + offset; the offset defaults to k_len - q_len.
+  bool causal = false;
+  std::optional<std::int64_t> causal_offset;
+  // Sliding window (needs causal): query i sees only the `window` keys ending at its causal limit.
+  std::optional<std::int64_t> window;
+  // Softcap c > 0: every scaled score s becomes c * tanh(s / c) before the mask is added.
+  std::optional<float> softcap;
+  // Head sink, float32[heads]: a logit that joins every row's softmax denominator only (not scaled, not
+  // capped). A row with a sink and no visible key gives zeros.
+  bool has_head_sink = false;
+
+  MaskedRows masked_rows = MaskedRows::Nan;
+  // Optional float32 log-sum-exp per row [b, h, i] (natural log of the denominator, in scaled-score units;
+  // -inf for a row with no visible key).
+  bool return_lse = false;
+  Layout lse;
+
+  // Work budget in estimated operations per launch (0: never cut). A cut call equals the whole call bit for bit.
+  std::int64_t work_budget = 0;
+
+  // Builds a problem whose tensors are all head-first and contiguous.
+  static AttentionProblem head_first(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                                     std::int64_t q_len, std::int64_t k_len, std::int64_t head_dim,
+                                     DType dtype = DType::f32);
+  // Same, positions-first ([batch, seq, heads, dim]: what projections leave).
+  static AttentionProblem positions_first(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                                          std::int64_t q_len, std::int64_t k_len, std::int64_t head_dim,
+                                          DType dtype = DType::f32);
+};
+
+// A buffer and how many elements (of its own type) it holds from `data` on: every index a layout reaches
+// must be below `elements`.
+struct ConstBuffer {
+  const void* data = nullptr;
+  std::int64_t elements = 0;
+};
+struct MutableBuffer {
+  void* data = nullptr;
+  std::int64_t elements = 0;
+};
+
+struct AttentionArgs {
+  ConstBuffer q, k, v;     // problem.dtype
+  MutableBuffer o;         // problem.dtype
+  ConstBuffer mask;        // float32, when problem.has_mask
+  ConstBuffer key_lengths; // int32[batch], when problem.has_key_lengths
+  ConstBuffer head_sink;   // float32[heads], when problem.has_head_sink
+  MutableBuffer lse;       // float32, when problem.return_lse
+  // Scratch of at least scratch_bytes(); null lets the op keep its own (allocated once, kept).
+  void* scratch = nullptr;
+  std::size_t scratch_bytes = 0;
+  // CUDA backend: the cudaStream_t to run on (null: the default stream). Ignored by CPU backends.
+  void* stream = nullptr;
+};
+
+enum class Backend : std::uint8_t {
+  Auto,       // CUDA when the buffers are device memory and the backend is built, else the CPU kernel
+  Cpu,        // the tiled SIMD kernel on all cores
+  Reference,  // float64, naive and obviously right: the oracle of the tests (slow)
+  Cuda,
+};
+std::string backend_name(Backend b);
+// Backends this build can run now (Reference and Cpu always; Cuda when built and a device is present).
+std::vector<Backend> available_backends();
+
+struct AttentionConfig {
+  Backend backend = Backend::Auto;
+  int threads = 0;  // CPU: worker threads (0: all cores). The results do not depend on it.
+};
+
+class Attention {
+ public:
+  // Checks every shape, layout and option rule; throws Error naming the field and the rule.
+  explicit Attention(const AttentionProblem& problem, const AttentionConfig& config = {});
+  ~Attention();
+  Attention(Attention&&) noexcept;
+  Attention& operator=(Attention&&) noexcept;
+
+  // The problem with every default filled in (kv_heads, v_head_dim, scale, causal_offset).
+  const AttentionProblem& problem() const;
+  Backend backend() const;
+  // Which kernel runs and why (e.g. "cpu.tiled split-k=8: 96 row blocks under 128").
+  std::string describe() const;
+  // Bytes of scratch run() needs when the caller passes it (0 when none is needed).
+  std::size_t scratch_bytes() const;
+  // Checks the buffers (null pointers, extents, overlap, key lengths), then computes O (and the LSE).
+  void run(const AttentionArgs& args);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot form: plans and runs.
+void attention(const AttentionProblem& problem, const AttentionArgs& args, const AttentionConfig& config = {});
+
+}  // namespace attnkit

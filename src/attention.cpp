@@ -1,0 +1,122 @@
+// The attention op's front door: normalises and checks the problem, picks the backend, owns the scratch
+// when the caller gives none, and checks every buffer before a backend writes anything.
+#include <attnkit/attention.hpp>
+
+#include "core/problem_check.hpp"
+#include "cpu/reference.hpp"
+#include "cpu/tiled_kernel.hpp"
+
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace attnkit {
+
+namespace {
+constexpr std::size_t kScratchAlign = 64;
+
+AttentionProblem dense_problem(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads, std::int64_t q_len,
+                               std::int64_t k_len, std::int64_t head_dim, DType dtype, bool positions_first) {
+  AttentionProblem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads == 0 ? heads : kv_heads;
+  p.q_len = q_len;
+  p.k_len = k_len;
+  p.head_dim = head_dim;
+  p.dtype = dtype;
+  auto make = positions_first ? Layout::positions_first : Layout::head_first;
+  p.q = make(heads, q_len, head_dim);
+  p.k = make(p.kv_heads, k_len, head_dim);
+  p.v = make(p.kv_heads, k_len, head_dim);
+  p.o = make(heads, q_len, head_dim);
+  p.lse = Layout::rows_only(heads, q_len);
+  return p;
+}
+}  // namespace
+
+AttentionProblem AttentionProblem::head_first(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                                              std::int64_t q_len, std::int64_t k_len, std::int64_t head_dim,
+                                              DType dtype) {
+  return dense_problem(batch, heads, kv_heads, q_len, k_len, head_dim, dtype, false);
+}
+
+AttentionProblem AttentionProblem::positions_first(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                                                   std::int64_t q_len, std::int64_t k_len, std::int64_t head_dim,
+                                                   DType dtype) {
+  return dense_problem(batch, heads, kv_heads, q_len, k_len, head_dim, dtype, true);
+}
+
+std::string backend_name(Backend b) {
+  switch (b) {
+    case Backend::Auto: return "auto";
+    case Backend::Cpu: return "cpu";
+    case Backend::Reference: return "reference";
+    case Backend::Cuda: return "cuda";
+  }
+  return "?";
+}
+
+std::vector<Backend> available_backends() { return {Backend::Cpu, Backend::Reference}; }
+
+struct Attention::Impl {
+  AttentionProblem problem;
+  Backend backend = Backend::Cpu;
+  cpu::TiledPlan plan;
+  std::vector<std::byte> own_scratch;  // kept between runs when the caller passes no scratch
+};
+
+Attention::Attention(const AttentionProblem& problem, const AttentionConfig& config) : impl_(std::make_unique<Impl>()) {
+  impl_->problem = core::normalize_and_check(problem);
+  if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  switch (config.backend) {
+    case Backend::Auto:
+    case Backend::Cpu: impl_->backend = Backend::Cpu; break;
+    case Backend::Reference: impl_->backend = Backend::Reference; break;
+    case Backend::Cuda: throw Error("config.backend", "the CUDA backend is not part of this build");
+  }
+  if (impl_->backend == Backend::Cpu) {
+    const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
+    impl_->plan = cpu::plan_tiled(impl_->problem, threads);
+  }
+}
+
+Attention::~Attention() = default;
+Attention::Attention(Attention&&) noexcept = default;
+Attention& Attention::operator=(Attention&&) noexcept = default;
+
+const AttentionProblem& Attention::problem() const { return impl_->problem; }
+Backend Attention::backend() const { return impl_->backend; }
+
+std::string Attention::describe() const {
+  if (impl_->backend == Backend::Reference) return "reference (float64, one row at a time)";
+  return cpu::describe(impl_->plan);
+}
+
+std::size_t Attention::scratch_bytes() const {
+  return impl_->backend == Backend::Cpu ? impl_->plan.scratch_bytes : 0;
+}
+
+void Attention::run(const AttentionArgs& args) {
+  const AttentionProblem& p = impl_->problem;
+  core::check_args(p, args, scratch_bytes());
+  if (impl_->backend == Backend::Reference) {
+    cpu::run_reference(p, args);
+    return;
+  }
+  std::byte* scratch = static_cast<std::byte*>(args.scratch);
+  if (scratch == nullptr && impl_->plan.scratch_bytes > 0) {
+    auto& own = impl_->own_scratch;
+    if (own.size() < impl_->plan.scratch_bytes + kScratchAlign) own.resize(impl_->plan.scratch_bytes + kScratchAlign);
+    const auto address = reinterpret_cast<std::uintptr_t>(own.data());
+    scratch = own.data() + (kScratchAlign - address % kScratchAlign) % kScratchAlign;
+  }
+  cpu::run_tiled(p, args, impl_->plan, scratch);
+}
+
+void attention(const AttentionProblem& problem, const AttentionArgs& args, const AttentionConfig& config) {
+  Attention(problem, config).run(args);
+}
+
+}  // namespace attnkit

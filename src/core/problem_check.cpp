@@ -1,0 +1,195 @@
+#include "problem_check.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace attnkit::core {
+namespace {
+
+constexpr std::int64_t kMaxHeadDim = 256;
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+void require(bool ok, const std::string& argument, const std::string& rule) {
+  if (!ok) throw Error(argument, rule);
+}
+
+void check_layout_signs(const Layout& l, const std::string& name) {
+  require(l.offset >= 0, name + ".offset", "must be >= 0 (got " + str(l.offset) + ")");
+  require(l.batch_stride >= 0, name + ".batch_stride", "must be >= 0 (got " + str(l.batch_stride) + ")");
+  require(l.head_stride >= 0, name + ".head_stride", "must be >= 0 (got " + str(l.head_stride) + ")");
+  require(l.row_stride >= 0, name + ".row_stride", "must be >= 0 (got " + str(l.row_stride) + ")");
+}
+
+// An output must give every element its own address: sort the dimensions by stride and require each stride
+// to step over everything the smaller dimensions span. (Sufficient, and what any dense or padded layout meets.)
+void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                           std::int64_t cols, const std::string& name) {
+  if (batch == 0 || heads == 0 || rows == 0 || cols == 0) return;
+  struct Dim {
+    std::int64_t extent, stride;
+    const char* field;
+  };
+  std::array<Dim, 3> dims{Dim{batch, l.batch_stride, "batch_stride"}, Dim{heads, l.head_stride, "head_stride"},
+                          Dim{rows, l.row_stride, "row_stride"}};
+  std::sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  std::int64_t covered = cols;  // elements spanned by the dimensions below
+  for (const Dim& d : dims) {
+    if (d.extent == 1) continue;
+    require(d.stride >= covered, name + "." + d.field,
+            "an output's elements must not share addresses: stride " + str(d.stride) + " is below the " +
+                str(covered) + " elements the inner dimensions span");
+    covered = d.stride * (d.extent - 1) + covered;
+  }
+}
+
+bool bytes_overlap(const void* a, IndexSpan sa, std::size_t ea, const void* b, IndexSpan sb, std::size_t eb) {
+  if (a == nullptr || b == nullptr || sa.empty() || sb.empty()) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a) + static_cast<std::uintptr_t>(sa.lowest) * ea;
+  const auto a1 = reinterpret_cast<std::uintptr_t>(a) + static_cast<std::uintptr_t>(sa.highest + 1) * ea;
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b) + static_cast<std::uintptr_t>(sb.lowest) * eb;
+  const auto b1 = reinterpret_cast<std::uintptr_t>(b) + static_cast<std::uintptr_t>(sb.highest + 1) * eb;
+  return a0 < b1 && b0 < a1;
+}
+
+struct Region {
+  const char* name;
+  const void* data;
+  IndexSpan span;
+  std::size_t element_bytes;
+  bool written;
+};
+
+void check_buffer(const char* name, const void* data, std::int64_t elements, IndexSpan span) {
+  if (span.empty()) return;
+  require(data != nullptr, name, "is null but the tensor is not empty");
+  require(span.highest < elements, name,
+          "the layout reaches element " + str(span.highest) + " but the buffer holds " + str(elements) +
+              " elements");
+}
+
+}  // namespace
+
+IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                     std::int64_t cols) {
+  if (batch <= 0 || heads <= 0 || rows <= 0 || cols <= 0) return {};
+  return {l.offset, l.offset + (batch - 1) * l.batch_stride + (heads - 1) * l.head_stride +
+                        (rows - 1) * l.row_stride + cols - 1};
+}
+
+AttentionProblem normalize_and_check(const AttentionProblem& in) {
+  AttentionProblem p = in;
+  require(p.batch >= 0, "batch", "must be >= 0 (got " + str(p.batch) + ")");
+  require(p.heads >= 1, "heads", "must be >= 1 (got " + str(p.heads) + ")");
+  if (p.kv_heads == 0) p.kv_heads = p.heads;
+  require(p.kv_heads >= 1, "kv_heads", "must be >= 1, or 0 for 'same as heads' (got " + str(p.kv_heads) + ")");
+  require(p.heads % p.kv_heads == 0, "kv_heads",
+          "heads (" + str(p.heads) + ") must be a multiple of kv_heads (" + str(p.kv_heads) + ")");
+  require(p.q_len >= 0, "q_len", "must be >= 0 (got " + str(p.q_len) + ")");
+  require(p.k_len >= 0, "k_len", "must be >= 0 (got " + str(p.k_len) + ")");
+  constexpr std::int64_t kMaxLen = std::numeric_limits<std::int32_t>::max();
+  require(p.q_len <= kMaxLen, "q_len", "must be below 2^31 (got " + str(p.q_len) + ")");
+  require(p.k_len <= kMaxLen, "k_len", "must be below 2^31 (got " + str(p.k_len) + ")");
+  require(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "head_dim",
+          "must be in [1, 256] (got " + str(p.head_dim) + ")");
+  if (p.v_head_dim == 0) p.v_head_dim = p.head_dim;
+  require(p.v_head_dim >= 1 && p.v_head_dim <= kMaxHeadDim, "v_head_dim",
+          "must be in [1, 256], or 0 for 'same as head_dim' (got " + str(p.v_head_dim) + ")");
+  require(p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16, "dtype",
+          "must be float32, float16 or bfloat16");
+  if (!p.scale) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  require(std::isfinite(*p.scale), "scale", "must be finite");
+  if (p.softcap) {
+    require(std::isfinite(*p.softcap) && *p.softcap > 0.0f, "softcap", "must be finite and > 0 when set");
+  }
+  if (!p.causal_offset) p.causal_offset = p.k_len - p.q_len;
+  if (p.window) {
+    require(p.causal, "window", "a sliding window needs causal = true (it is measured from the causal limit)");
+    require(*p.window >= 1, "window", "must be >= 1 when set (got " + str(*p.window) + ")");
+  }
+  require(p.work_budget >= 0, "work_budget", "must be >= 0 (0: never cut)");
+
+  check_layout_signs(p.q, "q");
+  check_layout_signs(p.k, "k");
+  check_layout_signs(p.v, "v");
+  check_layout_signs(p.o, "o");
+  if (p.q_len > 1) require(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
+  if (p.has_mask) check_layout_signs(p.mask, "mask");
+  if (p.return_lse) {
+    check_layout_signs(p.lse, "lse");
+    check_no_self_overlap(p.lse, p.batch, p.heads, p.q_len, 1, "lse");
+  }
+  check_no_self_overlap(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  return p;
+}
+
+void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t scratch_needed) {
+  const std::size_t es = dtype_size(p.dtype);
+  const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim);
+  const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim);
+  const IndexSpan v = index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim);
+  const IndexSpan o = index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim);
+  const IndexSpan mask = p.has_mask ? index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len) : IndexSpan{};
+  const IndexSpan lse = p.return_lse ? index_span(p.lse, p.batch, p.heads, p.q_len, 1) : IndexSpan{};
+  const IndexSpan lengths = p.has_key_lengths && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
+  const IndexSpan sink = p.has_head_sink ? IndexSpan{0, p.heads - 1} : IndexSpan{};
+
+  check_buffer("q", a.q.data, a.q.elements, q);
+  // K and V are read only for rows that have queries.
+  check_buffer("k", a.k.data, a.k.elements, p.q_len > 0 ? k : IndexSpan{});
+  check_buffer("v", a.v.data, a.v.elements, p.q_len > 0 ? v : IndexSpan{});
+  check_buffer("o", a.o.data, a.o.elements, o);
+  require(p.has_mask || a.mask.data == nullptr, "mask", "a mask buffer was given but problem.has_mask is false");
+  check_buffer("mask", a.mask.data, a.mask.elements, mask);
+  require(p.has_key_lengths || a.key_lengths.data == nullptr, "key_lengths",
+          "a key-length buffer was given but problem.has_key_lengths is false");
+  check_buffer("key_lengths", a.key_lengths.data, a.key_lengths.elements, lengths);
+  require(p.has_head_sink || a.head_sink.data == nullptr, "head_sink",
+          "a head-sink buffer was given but problem.has_head_sink is false");
+  check_buffer("head_sink", a.head_sink.data, a.head_sink.elements, sink);
+  require(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
+  check_buffer("lse", a.lse.data, a.lse.elements, lse);
+  if (a.scratch != nullptr) {
+    require(reinterpret_cast<std::uintptr_t>(a.scratch) % 64 == 0, "scratch", "must be aligned to 64 bytes");
+    require(a.scratch_bytes >= scratch_needed, "scratch_bytes",
+            "is " + std::to_string(a.scratch_bytes) + " but this problem needs " + std::to_string(scratch_needed));
+  }
+
+  if (p.has_key_lengths) {
+    const auto* len = static_cast<const std::int32_t*>(a.key_lengths.data);
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      require(len[b] >= 0 && len[b] <= p.k_len, "key_lengths[" + str(b) + "]",
+              "= " + str(len[b]) + " is outside [0, k_len = " + str(p.k_len) + "]");
+    }
+  }
+
+  const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0
+                                ? IndexSpan{0, static_cast<std::int64_t>(scratch_needed) - 1}
+                                : IndexSpan{};
+  const std::array<Region, 9> regions{
+      Region{"q", a.q.data, q, es, false},
+      Region{"k", a.k.data, k, es, false},
+      Region{"v", a.v.data, v, es, false},
+      Region{"mask", a.mask.data, mask, 4, false},
+      Region{"key_lengths", a.key_lengths.data, lengths, 4, false},
+      Region{"head_sink", a.head_sink.data, sink, 4, false},
+      Region{"o", a.o.data, o, es, true},
+      Region{"lse", a.lse.data, lse, 4, true},
+      Region{"scratch", a.scratch, scratch, 1, true},
+  };
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    if (!regions[i].written) continue;
+    for (std::size_t j = 0; j < regions.size(); ++j) {
+      if (i == j || (regions[j].written && j < i)) continue;
+      const Region& w = regions[i];
+      const Region& r = regions[j];
+      require(!bytes_overlap(w.data, w.span, w.element_bytes, r.data, r.span, r.element_bytes), w.name,
+              std::string("must not overlap ") + r.name + " (an output may not alias any other buffer of the call)");
+    }
+  }
+}
+
+}  // namespace attnkit::core

@@ -1,0 +1,29 @@
+// The rules of the attention contract, checked once for every backend: a problem is normalised (defaults
+// filled in) and checked when it is planned, and the buffers are checked before a run writes anything.
+#pragma once
+
+#include <attnkit/attention.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attnkit::core {
+
+// Fills every default (kv_heads, v_head_dim, scale, causal_offset) and checks every shape, layout and
+// option rule. Throws Error naming the field and the rule.
+AttentionProblem normalize_and_check(const AttentionProblem& problem);
+
+// Checks a run's buffers against a normalised problem: null pointers, extents, output/input overlap,
+// key-length values, scratch size. Throws Error before anything is written.
+void check_args(const AttentionProblem& problem, const AttentionArgs& args, std::size_t scratch_needed);
+
+// Lowest and highest element index a layout reaches over [batch, heads, rows, cols] (cols contiguous).
+struct IndexSpan {
+  std::int64_t lowest = 0;
+  std::int64_t highest = -1;  // highest < lowest: the tensor is empty
+  bool empty() const { return highest < lowest; }
+};
+IndexSpan index_span(const Layout& layout, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                     std::int64_t cols);
+
+}  // namespace attnkit::core

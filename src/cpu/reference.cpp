@@ -1,0 +1,106 @@
+#include "reference.hpp"
+
+#include "../core/online_softmax.hpp"
+#include "../core/score_transform.hpp"
+#include "../core/visibility.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace attnkit::cpu {
+
+ReferenceResult reference_attention(const AttentionProblem& p, const AttentionArgs& a) {
+  const std::int64_t group = p.heads / p.kv_heads;
+  const std::int64_t dv = p.v_head_dim;
+  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::ScoreTransform transform{*p.scale, p.softcap.value_or(0.0f)};
+  const auto* key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
+  const auto* mask = static_cast<const float*>(a.mask.data);
+  const auto* sinks = static_cast<const float*>(a.head_sink.data);
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+
+  ReferenceResult r;
+  r.out.assign(static_cast<std::size_t>(p.batch * p.heads * p.q_len * dv), 0.0);
+  r.lse.assign(static_cast<std::size_t>(p.batch * p.heads * p.q_len), 0.0);
+  std::vector<double> scores;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t key_length = p.has_key_lengths ? key_lengths[b] : p.k_len;
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const std::int64_t kvh = h / group;
+      for (std::int64_t i = 0; i < p.q_len; ++i) {
+        const core::KeyRange range = rule.for_row(i, key_length);
+        const std::int64_t n = range.empty() ? 0 : range.end - range.begin;
+        scores.assign(static_cast<std::size_t>(n), -kInf);
+        bool poisoned = false;
+        double max = -kInf;
+        for (std::int64_t j = range.begin; j < range.begin + n; ++j) {
+          double dot = 0.0;
+          for (std::int64_t d = 0; d < p.head_dim; ++d) {
+            dot += static_cast<double>(load_as_float(a.q.data, p.dtype, p.q.index(b, h, i) + d)) *
+                   static_cast<double>(load_as_float(a.k.data, p.dtype, p.k.index(b, kvh, j) + d));
+          }
+          double s = transform.apply(dot);
+          if (p.has_mask) s += static_cast<double>(mask[p.mask.index(b, h, i) + j]);
+          if (std::isnan(s) || s == kInf) poisoned = true;
+          scores[static_cast<std::size_t>(j - range.begin)] = s;
+          if (s > max) max = s;
+        }
+        double denominator = 0.0;
+        for (double& s : scores) {
+          s = s == -kInf ? 0.0 : std::exp(s - max);  // s is now the unnormalised weight
+          denominator += s;
+        }
+        if (p.has_head_sink) {
+          const double sink = sinks[h];
+          const double m = std::max(max, sink);
+          for (double& s : scores) s *= std::exp(max - m);
+          denominator = denominator * (max == -kInf ? 0.0 : std::exp(max - m)) + std::exp(sink - m);
+          max = m;
+        }
+        double* out = &r.out[static_cast<std::size_t>(((b * p.heads + h) * p.q_len + i) * dv)];
+        double& lse = r.lse[static_cast<std::size_t>((b * p.heads + h) * p.q_len + i)];
+        if (poisoned) {
+          for (std::int64_t d = 0; d < dv; ++d) out[d] = kNaN;
+          lse = kNaN;
+          continue;
+        }
+        if (denominator == 0.0) {  // no visible key and no sink
+          const double fill = p.masked_rows == MaskedRows::Zero ? 0.0 : kNaN;
+          for (std::int64_t d = 0; d < dv; ++d) out[d] = fill;
+          lse = -kInf;
+          continue;
+        }
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double w = scores[static_cast<std::size_t>(j)] / denominator;
+          if (w == 0.0) continue;  // a hidden key has weight exactly 0: its V is never read
+          const std::int64_t vrow = p.v.index(b, kvh, range.begin + j);
+          for (std::int64_t d = 0; d < dv; ++d) {
+            out[d] += w * static_cast<double>(load_as_float(a.v.data, p.dtype, vrow + d));
+          }
+        }
+        lse = max + std::log(denominator);
+      }
+    }
+  }
+  return r;
+}
+
+void run_reference(const AttentionProblem& p, const AttentionArgs& a) {
+  const ReferenceResult r = reference_attention(p, a);
+  const std::int64_t dv = p.v_head_dim;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      for (std::int64_t i = 0; i < p.q_len; ++i) {
+        const std::size_t row = static_cast<std::size_t>((b * p.heads + h) * p.q_len + i);
+        for (std::int64_t d = 0; d < dv; ++d) {
+          store_from_float(a.o.data, p.dtype, p.o.index(b, h, i) + d,
+                           static_cast<float>(r.out[row * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d)]));
+        }
+        if (p.return_lse) static_cast<float*>(a.lse.data)[p.lse.index(b, h, i)] = static_cast<float>(r.lse[row]);
+      }
+    }
+  }
+}
+
+}  // namespace attnkit::cpu

@@ -1,0 +1,204 @@
+// The tiled CPU kernel's driver: planning (row blocks, the key split), scratch layout, the thread loop with
+// its work-budget cut, and the split-K merge pass. The SIMD work item is in tiled_kernel.cpp.
+#include "../core/online_softmax.hpp"
+#include "tiled_workspace.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace attnkit::cpu {
+namespace {
+
+// Split the keys when fewer items than this would run: enough independent work for a many-core CPU.
+constexpr std::int64_t kTargetItems = 64;
+// A key range shorter than this costs more in its merge than it gains in parallelism.
+constexpr std::int64_t kMinSplitKeys = 256;
+constexpr std::int64_t kMaxSplits = 16;
+constexpr std::size_t kAlign = 64;
+
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+template <class T>
+T* take(std::byte* base, std::size_t& offset, std::int64_t count) {
+  T* p = base == nullptr ? nullptr : reinterpret_cast<T*>(base + offset);
+  offset = align_up(offset + static_cast<std::size_t>(count) * sizeof(T));
+  return p;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+struct ItemIndex {
+  std::int64_t b, kvh, block, split;
+};
+
+ItemIndex decode_item(const AttentionProblem& p, const TiledPlan& plan, std::int64_t item) {
+  ItemIndex ix{};
+  ix.split = item % plan.splits;
+  item /= plan.splits;
+  ix.block = item % plan.row_blocks;
+  item /= plan.row_blocks;
+  ix.kvh = item % p.kv_heads;
+  ix.b = item / p.kv_heads;
+  return ix;
+}
+
+ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const TiledPlan& plan, ItemIndex ix,
+                 const Workspace* ws) {
+  ItemJob job{};
+  job.problem = &p;
+  job.args = &a;
+  job.ws = ws;
+  job.b = ix.b;
+  job.kvh = ix.kvh;
+  job.group = plan.group;
+  job.first_row = ix.block * kRowBlock;
+  job.rows = std::min(kRowBlock, plan.group_rows - job.first_row);
+  job.key_begin = ix.split * plan.split_keys;
+  job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
+  return job;
+}
+
+// Folds the partials of one row block, in range order, into the workspace state.
+void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, const float* partials,
+                    const Workspace& w) {
+  const std::size_t stride = plan.partial_bytes / sizeof(float);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float max = core::kNegInf;
+    float sum = 0.0f;
+    bool poison = false;
+    for (std::int64_t d = 0; d < dv; ++d) w.ot[d * kRowBlock + r] = 0.0f;
+    for (std::int64_t s = 0; s < plan.splits; ++s) {
+      const float* part = partials + static_cast<std::size_t>(s) * stride;
+      const core::MergeWeights mw = core::merge_weights(max, part[r]);
+      sum = sum * mw.wa + part[kRowBlock + r] * mw.wb;
+      poison |= part[2 * kRowBlock + r] != 0.0f;
+      const float* acc = part + 3 * kRowBlock;
+      for (std::int64_t d = 0; d < dv; ++d) {
+        float& o = w.ot[d * kRowBlock + r];
+        o = o * mw.wa + acc[d * kRowBlock + r] * mw.wb;
+      }
+      max = mw.max;
+    }
+    w.max[r] = max;
+    w.sum[r] = sum;
+    w.poison[r] = poison ? 1.0f : 0.0f;
+  }
+}
+
+}  // namespace
+
+std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim, Workspace* ws) {
+  std::size_t off = 0;
+  Workspace w{};
+  w.qt = take<float>(base, off, head_dim * kRowBlock);
+  w.st = take<float>(base, off, kKeyTile * kRowBlock);
+  w.ot = take<float>(base, off, v_head_dim * kRowBlock);
+  w.max = take<float>(base, off, kRowBlock);
+  w.sum = take<float>(base, off, kRowBlock);
+  w.poison = take<float>(base, off, kRowBlock);
+  w.alpha = take<float>(base, off, kRowBlock);
+  w.begin = take<std::int32_t>(base, off, kRowBlock);
+  w.end = take<std::int32_t>(base, off, kRowBlock);
+  w.head = take<std::int64_t>(base, off, kRowBlock);
+  w.query = take<std::int64_t>(base, off, kRowBlock);
+  w.kbuf = take<float>(base, off, kKeyTile * head_dim);
+  w.vbuf = take<float>(base, off, kKeyTile * v_head_dim);
+  w.row = take<float>(base, off, std::max(head_dim, v_head_dim));
+  w.krow = take<const float*>(base, off, kKeyTile);
+  w.vrow = take<const float*>(base, off, kKeyTile);
+  if (ws != nullptr) *ws = w;
+  return off;
+}
+
+std::size_t partial_floats(std::int64_t v_head_dim) {
+  return static_cast<std::size_t>((3 + v_head_dim) * kRowBlock);
+}
+
+void save_partial(const Workspace& w, std::int64_t v_head_dim, float* partial) {
+  std::memcpy(partial, w.max, kRowBlock * sizeof(float));
+  std::memcpy(partial + kRowBlock, w.sum, kRowBlock * sizeof(float));
+  std::memcpy(partial + 2 * kRowBlock, w.poison, kRowBlock * sizeof(float));
+  std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
+}
+
+TiledPlan plan_tiled(const AttentionProblem& p, int threads) {
+  TiledPlan plan;
+  plan.group = p.heads / p.kv_heads;
+  plan.group_rows = plan.group * p.q_len;
+  plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
+  const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
+  plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
+  if (base_items > 0 && base_items < kTargetItems && p.k_len >= 2 * kMinSplitKeys) {
+    const std::int64_t want = std::min({ceil_div(kTargetItems, base_items), p.k_len / kMinSplitKeys, kMaxSplits});
+    plan.split_keys = ceil_div(ceil_div(p.k_len, want), kKeyTile) * kKeyTile;
+    plan.splits = ceil_div(p.k_len, plan.split_keys);
+  }
+  plan.items = base_items * plan.splits;
+  plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
+  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, nullptr);
+  plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
+  plan.scratch_bytes = static_cast<std::size_t>(plan.threads) * plan.workspace_bytes +
+                       static_cast<std::size_t>(plan.items) * plan.partial_bytes;
+  return plan;
+}
+
+std::string describe(const TiledPlan& plan) {
+  std::string s = "cpu.tiled[" + simd_target_name() + "] " + std::to_string(plan.items) + " items of " +
+                  std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
+                  std::to_string(plan.threads) + " threads";
+  if (plan.splits > 1) {
+    s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys (" +
+         std::to_string(plan.items / plan.splits) + " row blocks under " + std::to_string(kTargetItems) + ")";
+  }
+  return s;
+}
+
+void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPlan& plan, std::byte* scratch) {
+  if (plan.items == 0) return;
+  std::byte* partials = scratch + static_cast<std::size_t>(plan.threads) * plan.workspace_bytes;
+  auto workspace = [&](int thread) {
+    Workspace w{};
+    carve_workspace(scratch + static_cast<std::size_t>(thread) * plan.workspace_bytes, p.head_dim, p.v_head_dim, &w);
+    return w;
+  };
+  auto item_cost = [&](std::int64_t item) {
+    const ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), nullptr);
+    return 4 * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;
+  };
+
+  // The work budget cuts the items into consecutive runs ("launches"); each item computes the same bits
+  // whichever run it lands in, so a cut call equals the whole call.
+  for (std::int64_t start = 0; start < plan.items;) {
+    std::int64_t stop = start + 1;
+    if (p.work_budget == 0) {
+      stop = plan.items;
+    } else {
+      for (std::int64_t ops = item_cost(start); stop < plan.items && ops + item_cost(stop) <= p.work_budget; ++stop)
+        ops += item_cost(stop);
+    }
+#pragma omp parallel for num_threads(plan.threads) schedule(dynamic, 1)
+    for (std::int64_t item = start; item < stop; ++item) {
+      const Workspace w = workspace(omp_get_thread_num());
+      ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), &w);
+      if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
+      run_item_dispatched(job);
+    }
+    start = stop;
+  }
+  if (plan.splits == 1) return;
+
+  const std::int64_t blocks = plan.items / plan.splits;
+#pragma omp parallel for num_threads(plan.threads) schedule(dynamic, 1)
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const Workspace w = workspace(omp_get_thread_num());
+    const ItemJob job = make_job(p, a, plan, decode_item(p, plan, block * plan.splits), &w);
+    const auto* first = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(block * plan.splits) * plan.partial_bytes);
+    merge_partials(plan, job.rows, p.v_head_dim, first, w);
+    finish_rows_dispatched(job);
+  }
+}
+
+}  // namespace attnkit::cpu

@@ -1,0 +1,406 @@
+// The tiled CPU kernel (see tiled_kernel.hpp for the design). Highway compiles the SIMD part of this file
+// once per x86 target and picks the best at run time; the planning and the thread loop are compiled once.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/tiled_kernel.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "../core/online_softmax.hpp"
+#include "../core/score_transform.hpp"
+#include "../core/visibility.hpp"
+#include "tiled_kernel.hpp"
+#include "tiled_workspace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+HWY_BEFORE_NAMESPACE();
+namespace attnkit::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DI = hn::RebindToSigned<DF>;
+
+// Register tiles: kKeysPerStep keys (or output dims) by kVecsPerStep query vectors of accumulators. 32 vector
+// registers (AVX-512) hold 6 x 4 accumulators plus the operands; 16 registers (AVX2, SSE4) hold 6 x 2.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kVecsPerStep = 4;
+#else
+constexpr int kVecsPerStep = 2;
+#endif
+constexpr int kKeysPerStep = 6;
+// exp(x) below this is a float32 subnormal: treat it as 0 (the max element of a row has weight 1, so this is
+// far below the float32 rounding of the sum, and it keeps subnormal arithmetic off the hot loop).
+constexpr float kExpFloor = -87.3f;
+
+// Widens `n` elements of type `t` at `src` into `dst`.
+void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  const DF df;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t i = 0;
+  if (t == DType::f16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto* s = static_cast<const hwy::float16_t*>(src);
+    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    const auto* s = static_cast<const hwy::bfloat16_t*>(src);
+    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(db, s + i)), df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = load_as_float(src, t, i);
+}
+
+// Rounds `n` floats to type `t` (nearest even) into `dst`.
+void narrow_row(const float* HWY_RESTRICT src, DType t, std::int64_t n, void* dst) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  const DF df;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t i = 0;
+  if (t == DType::f16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto* d = static_cast<hwy::float16_t*>(dst);
+    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, d + i);
+  } else {
+    // Highway's float -> bfloat16 demotion truncates; round to nearest even by hand, keeping NaN quiet.
+    const hn::RebindToUnsigned<DF> du;
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const hn::RebindToSigned<DF> di;
+    auto* d = static_cast<std::uint16_t*>(dst);
+    for (; i + lanes <= n; i += lanes) {
+      const auto x = hn::LoadU(df, src + i);
+      const auto bits = hn::BitCast(du, x);
+      const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb)));
+      const auto quiet = hn::ShiftRight<16>(hn::Or(bits, hn::Set(du, 0x400000u)));
+      const auto out = hn::IfThenElse(hn::RebindMask(du, hn::Eq(x, x)), rounded, quiet);
+      hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, out)), du16, d + i);
+    }
+  }
+  for (; i < n; ++i) store_from_float(dst, t, i, src[i]);
+}
+
+// St[key][lane] = Σ_d K[key][d] · Qᵀ[d][lane] for MK keys and NV query vectors starting at vector v0.
+template <int MK, int NV>
+HWY_INLINE void score_step(const float* HWY_RESTRICT qt, std::int64_t dim, const float* const* krow,
+                           float* HWY_RESTRICT st, std::size_t v0) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  VF acc[MK][NV];
+  for (int m = 0; m < MK; ++m)
+    for (int n = 0; n < NV; ++n) acc[m][n] = hn::Zero(df);
+  for (std::int64_t d = 0; d < dim; ++d) {
+    VF q[NV];
+    for (int n = 0; n < NV; ++n) q[n] = hn::Load(df, qt + d * kRowBlock + (v0 + n) * L);
+    for (int m = 0; m < MK; ++m) {
+      const VF k = hn::Set(df, krow[m][d]);
+      for (int n = 0; n < NV; ++n) acc[m][n] = hn::MulAdd(k, q[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MK; ++m)
+    for (int n = 0; n < NV; ++n) hn::Store(acc[m][n], df, st + m * kRowBlock + (v0 + n) * L);
+}
+
+// Oᵀ[d][lane] = Oᵀ[d][lane] · alpha[lane] + Σ_key V[key][d] · P[key][lane], for MD output dims from d0 and NV
+// query vectors from v0. The sum over the tile starts at zero: this is the blockwise accumulation.
+template <int MD, int NV>
+HWY_INLINE void value_step(const float* HWY_RESTRICT pt, std::int64_t tile_len, const float* const* vrow,
+                           std::int64_t d0, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot,
+                           std::size_t v0) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  VF acc[MD][NV];
+  for (int m = 0; m < MD; ++m)
+    for (int n = 0; n < NV; ++n) acc[m][n] = hn::Zero(df);
+  for (std::int64_t j = 0; j < tile_len; ++j) {
+    VF p[NV];
+    for (int n = 0; n < NV; ++n) p[n] = hn::Load(df, pt + j * kRowBlock + (v0 + n) * L);
+    const float* v = vrow[j] + d0;
+    for (int m = 0; m < MD; ++m) {
+      const VF vb = hn::Set(df, v[m]);
+      for (int n = 0; n < NV; ++n) acc[m][n] = hn::MulAdd(vb, p[n], acc[m][n]);
+    }
+  }
+  for (int n = 0; n < NV; ++n) {
+    const VF a = hn::Load(df, alpha + (v0 + n) * L);
+    for (int m = 0; m < MD; ++m) {
+      float* o = ot + (d0 + m) * kRowBlock + (v0 + n) * L;
+      hn::Store(hn::MulAdd(hn::Load(df, o), a, acc[m][n]), df, o);
+    }
+  }
+}
+
+// Runs step.run<M, NV> over `nvec` query vectors, the remainder with smaller register tiles.
+template <int M, int NV, class Step>
+HWY_INLINE void tile_loop_vecs(Step& step, std::int64_t first, std::size_t nvec) {
+  std::size_t v0 = 0;
+  for (; v0 + NV <= nvec; v0 += NV) step.template run<M, NV>(first, v0);
+  if constexpr (NV >= 4) {
+    if (v0 + 2 <= nvec) {
+      step.template run<M, 2>(first, v0);
+      v0 += 2;
+    }
+  }
+  if constexpr (NV >= 2) {
+    if (v0 < nvec) step.template run<M, 1>(first, v0);
+  }
+}
+
+template <class Step>
+HWY_INLINE void tile_loop(Step& step, std::int64_t count, std::size_t nvec) {
+  std::int64_t i = 0;
+  for (; i + kKeysPerStep <= count; i += kKeysPerStep) tile_loop_vecs<kKeysPerStep, kVecsPerStep>(step, i, nvec);
+  switch (count - i) {
+    case 5: tile_loop_vecs<5, kVecsPerStep>(step, i, nvec); break;
+    case 4: tile_loop_vecs<4, kVecsPerStep>(step, i, nvec); break;
+    case 3: tile_loop_vecs<3, kVecsPerStep>(step, i, nvec); break;
+    case 2: tile_loop_vecs<2, kVecsPerStep>(step, i, nvec); break;
+    case 1: tile_loop_vecs<1, kVecsPerStep>(step, i, nvec); break;
+    default: break;
+  }
+}
+
+struct ScoreStep {
+  const float* qt;
+  std::int64_t dim;
+  const float* const* krow;
+  float* st;
+  template <int M, int NV>
+  HWY_INLINE void run(std::int64_t key, std::size_t v0) {
+    score_step<M, NV>(qt, dim, krow + key, st + key * kRowBlock, v0);
+  }
+};
+
+struct ValueStep {
+  const float* pt;
+  std::int64_t tile_len;
+  const float* const* vrow;
+  const float* alpha;
+  float* ot;
+  template <int M, int NV>
+  HWY_INLINE void run(std::int64_t d0, std::size_t v0) {
+    value_step<M, NV>(pt, tile_len, vrow, d0, alpha, ot, v0);
+  }
+};
+
+// Normalises the item's rows and writes O (and the LSE): out = acc * acc_scale, or NaN / 0 for a row that
+// saw no key, NaN for a poisoned row.
+void finish_rows(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const auto* sinks = static_cast<const float*>(a.head_sink.data);
+  const std::int64_t dv = p.v_head_dim;
+  const std::size_t es = dtype_size(p.dtype);
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::int64_t pair = job.first_row + r;
+    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
+    const std::int64_t i = pair % p.q_len;
+    const core::RowState state{w.max[r], w.sum[r], w.poison[r] != 0.0f};
+    const core::RowFinish fin = core::finish_row(state, p.has_head_sink, p.has_head_sink ? sinks[h] : 0.0f,
+                                                 p.masked_rows);
+    for (std::int64_t d = 0; d < dv; ++d) {
+      w.row[d] = fin.acc_scale == 0.0f ? 0.0f : w.ot[d * kRowBlock + r] * fin.acc_scale;
+    }
+    narrow_row(w.row, p.dtype, dv,
+               static_cast<char*>(a.o.data) + p.o.index(job.b, h, i) * static_cast<std::int64_t>(es));
+    if (p.return_lse) static_cast<float*>(a.lse.data)[p.lse.index(job.b, h, i)] = fin.lse;
+  }
+}
+
+// One work item: rows [first_row, first_row + rows) of K/V head (b, kvh), keys [key_begin, key_end).
+void run_item(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const DF df;
+  const DI di;
+  const std::size_t L = hn::Lanes(df);
+  const std::int64_t rows = job.rows;
+  const std::size_t nvec = (static_cast<std::size_t>(rows) + L - 1) / L;
+  const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
+  const std::int64_t dim = p.head_dim;
+  const std::int64_t dv = p.v_head_dim;
+  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const std::int64_t key_length =
+      p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data)[job.b] : p.k_len;
+
+  // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
+  std::int64_t union_begin = job.key_end;
+  std::int64_t union_end = job.key_begin;
+  bool single_head = true;
+  for (std::int64_t r = 0; r < lanes_used; ++r) {
+    if (r >= rows) {
+      w.begin[r] = 0;
+      w.end[r] = 0;
+      continue;
+    }
+    const std::int64_t pair = job.first_row + r;
+    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
+    const std::int64_t i = pair % p.q_len;
+    w.head[r] = h;
+    w.query[r] = i;
+    if (h != w.head[0]) single_head = false;
+    const core::KeyRange range = rule.for_row(i, key_length);
+    const std::int64_t begin = std::max(range.begin, job.key_begin);
+    const std::int64_t end = std::max(begin, std::min(range.end, job.key_end));
+    w.begin[r] = static_cast<std::int32_t>(begin);
+    w.end[r] = static_cast<std::int32_t>(end);
+    if (begin < end) {
+      union_begin = std::min(union_begin, begin);
+      union_end = std::max(union_end, end);
+    }
+    const std::int64_t q_index = p.q.index(job.b, h, i);
+    widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
+              p.dtype, dim, w.row);
+    for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+  }
+  for (std::int64_t r = rows; r < lanes_used; ++r)
+    for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = 0.0f;
+
+  const VF neg_inf = hn::Set(df, core::kNegInf);
+  const VF pos_inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  for (std::size_t v = 0; v < nvec; ++v) {
+    hn::Store(neg_inf, df, w.max + v * L);
+    hn::Store(hn::Zero(df), df, w.sum + v * L);
+    hn::Store(hn::Zero(df), df, w.poison + v * L);
+  }
+  std::fill(w.ot, w.ot + dv * kRowBlock, 0.0f);
+
+  const VF scale = hn::Set(df, *p.scale);
+  const float softcap = p.softcap.value_or(0.0f);
+  const VF cap = hn::Set(df, softcap);
+  const VF exp_floor = hn::Set(df, kExpFloor);
+  const VF one = hn::Set(df, 1.0f);
+  const auto* mask = static_cast<const float*>(a.mask.data);
+  // A mask that is the same for every row of this item (a key-padding mask) is added as a broadcast.
+  const bool mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
+  const std::size_t es = dtype_size(p.dtype);
+
+  const std::int64_t first_tile = union_begin < union_end ? union_begin / kKeyTile * kKeyTile : union_end;
+  for (std::int64_t t0 = first_tile; t0 < union_end; t0 += kKeyTile) {
+    const std::int64_t k0 = std::max(t0, union_begin);
+    const std::int64_t k1 = std::min(t0 + kKeyTile, union_end);
+    const std::int64_t n = k1 - k0;
+    bool all_visible = true;
+    for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
+
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t krow = p.k.index(job.b, job.kvh, k0 + j);
+      const std::int64_t vrow = p.v.index(job.b, job.kvh, k0 + j);
+      if (p.dtype == DType::f32) {
+        w.krow[j] = static_cast<const float*>(a.k.data) + krow;
+        w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
+      } else {
+        widen_row(static_cast<const char*>(a.k.data) + krow * static_cast<std::int64_t>(es), p.dtype, dim,
+                  w.kbuf + j * dim);
+        widen_row(static_cast<const char*>(a.v.data) + vrow * static_cast<std::int64_t>(es), p.dtype, dv,
+                  w.vbuf + j * dv);
+        w.krow[j] = w.kbuf + j * dim;
+        w.vrow[j] = w.vbuf + j * dv;
+      }
+    }
+
+    ScoreStep score{w.qt, dim, w.krow, w.st};
+    tile_loop(score, n, nvec);
+
+    // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
+    if (p.has_mask && !mask_per_key) {
+      for (std::size_t v = 0; v < nvec; ++v) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          float* s = w.st + j * kRowBlock + v * L;
+          VF x = hn::Mul(hn::Load(df, s), scale);
+          if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+          hn::Store(x, df, s);
+        }
+      }
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* m = mask + p.mask.index(job.b, w.head[r], w.query[r]) + k0;
+        for (std::int64_t j = 0; j < n; ++j) w.st[j * kRowBlock + r] += m[j];
+      }
+    }
+    const float* key_mask = mask_per_key ? mask + p.mask.index(job.b, w.head[0], 0) + k0 : nullptr;
+
+    for (std::size_t v = 0; v < nvec; ++v) {
+      const auto lane_begin = hn::Load(di, w.begin + v * L);
+      const auto lane_end = hn::Load(di, w.end + v * L);
+      VF tile_max = neg_inf;
+      VF poison = hn::Load(df, w.poison + v * L);
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* s = w.st + j * kRowBlock + v * L;
+        VF x = hn::Load(df, s);
+        if (!(p.has_mask && !mask_per_key)) {
+          x = hn::Mul(x, scale);
+          if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+          if (key_mask != nullptr) x = hn::Add(x, hn::Set(df, key_mask[j]));
+        }
+        if (!all_visible) {
+          const auto key = hn::Set(di, static_cast<std::int32_t>(k0 + j));
+          const auto seen = hn::AndNot(hn::Lt(key, lane_begin), hn::Lt(key, lane_end));
+          x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
+        }
+        // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
+        poison = hn::Or(poison, hn::IfThenZeroElse(hn::Lt(x, pos_inf), one));
+        tile_max = hn::Max(tile_max, x);
+        hn::Store(x, df, s);
+      }
+      hn::Store(poison, df, w.poison + v * L);
+      const VF old_max = hn::Load(df, w.max + v * L);
+      const VF new_max = hn::Max(old_max, tile_max);
+      const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
+      const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), hn::Exp(df, hn::Sub(old_max, use_max)));
+      VF tile_sum = hn::Zero(df);
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* s = w.st + j * kRowBlock + v * L;
+        const VF x = hn::Sub(hn::Load(df, s), use_max);
+        const VF e = hn::IfThenElseZero(hn::Ge(x, exp_floor), hn::Exp(df, x));
+        tile_sum = hn::Add(tile_sum, e);
+        hn::Store(e, df, s);
+      }
+      hn::Store(new_max, df, w.max + v * L);
+      hn::Store(hn::MulAdd(hn::Load(df, w.sum + v * L), alpha, tile_sum), df, w.sum + v * L);
+      hn::Store(alpha, df, w.alpha + v * L);
+    }
+
+    ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
+    tile_loop(value, dv, nvec);
+  }
+
+  if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
+    save_partial(w, dv, job.partial);
+  } else {
+    finish_rows(job);
+  }
+}
+
+}  // namespace attnkit::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnkit::cpu {
+
+HWY_EXPORT(run_item);
+HWY_EXPORT(finish_rows);
+
+void run_item_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(run_item)(job); }
+void finish_rows_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(finish_rows)(job); }
+
+std::string simd_target_name() {
+  const std::int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(usable & -usable);  // lowest bit: the best target compiled and supported
+}
+
+}  // namespace attnkit::cpu
+#endif

@@ -1,0 +1,61 @@
+// What one work item of the tiled CPU kernel works in, and the parts of it that need no SIMD (the driver in
+// tiled_driver.cpp: planning, the thread loop, the split-K merge and the output write).
+#pragma once
+
+#include "tiled_kernel.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attnkit::cpu {
+
+// Per-thread buffers, carved from scratch. Row-indexed arrays have kRowBlock entries (one per lane);
+// [x][lane] arrays are stored x-major with kRowBlock floats per x, so a row of lanes is a run of vectors.
+struct Workspace {
+  float* qt;      // [head_dim][lane]: the item's queries, transposed
+  float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile
+  float* ot;      // [v_head_dim][lane]: running unnormalised output
+  float* max;     // [lane] running max
+  float* sum;     // [lane] running sum of exp(s - max)
+  float* poison;  // [lane] nonzero once a visible score was NaN or +inf
+  float* alpha;   // [lane] rescale of the running state for the current tile
+  std::int32_t* begin;  // [lane] first visible key in this item's range
+  std::int32_t* end;    // [lane] one past the last visible key
+  std::int64_t* head;   // [lane] query head
+  std::int64_t* query;  // [lane] query row
+  float* kbuf;          // [kKeyTile][head_dim]: widened K rows (float16 / bfloat16 inputs)
+  float* vbuf;          // [kKeyTile][v_head_dim]: widened V rows
+  float* row;           // [max(head_dim, v_head_dim)]: one widened or finished row
+  const float** krow;   // [kKeyTile] where each key's float32 row is
+  const float** vrow;   // [kKeyTile]
+};
+
+// Lays a workspace out from `base` (null: only measure) and returns its size in bytes.
+std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim, Workspace* ws);
+
+// Partial state of one item of a split problem: [lane] max, sum, poison, then [v_head_dim][lane] accumulator.
+std::size_t partial_floats(std::int64_t v_head_dim);
+
+struct ItemJob {
+  const AttentionProblem* problem;
+  const AttentionArgs* args;
+  const Workspace* ws;
+  std::int64_t b;
+  std::int64_t kvh;
+  std::int64_t group;      // query heads per K/V head
+  std::int64_t first_row;  // first (head-in-group, query) pair: pair = g * q_len + i
+  std::int64_t rows;       // pairs in this item (<= kRowBlock)
+  std::int64_t key_begin;  // key range of this item
+  std::int64_t key_end;
+  float* partial;  // split-K: where the partial state goes; null: finish the rows into O
+};
+
+// The SIMD item (tiled_kernel.cpp), dispatched to the best target.
+void run_item_dispatched(const ItemJob& job);
+
+// Copies the item's unnormalised state into its partial slot.
+void save_partial(const Workspace& ws, std::int64_t v_head_dim, float* partial);
+// Normalises the item's rows from the workspace state and writes O (and the LSE); used after the merge pass.
+void finish_rows_dispatched(const ItemJob& job);
+
+}  // namespace attnkit::cpu
