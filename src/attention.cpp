@@ -5,6 +5,7 @@
 #include "core/problem_check.hpp"
 #include "cpu/reference.hpp"
 #include "cpu/tiled_kernel.hpp"
+#include "cuda/cuda_backend.hpp"
 
 #include <omp.h>
 
@@ -58,14 +59,36 @@ std::string backend_name(Backend b) {
   return "?";
 }
 
-std::vector<Backend> available_backends() { return {Backend::Cpu, Backend::Reference}; }
+std::vector<Backend> available_backends() {
+  std::vector<Backend> b{Backend::Cpu, Backend::Reference};
+  if (cuda::available()) b.push_back(Backend::Cuda);
+  return b;
+}
 
 struct Attention::Impl {
   AttentionProblem problem;
   Backend backend = Backend::Cpu;
   cpu::TiledPlan plan;
-  std::vector<std::byte> own_scratch;  // kept between runs when the caller passes no scratch
+  cuda::CudaPlan cuda_plan;
+  std::vector<std::byte> own_scratch;  // CPU: kept between runs when the caller passes no scratch
+  void* own_device_scratch = nullptr;  // CUDA: likewise, in device memory
+  std::size_t own_device_bytes = 0;
+  ~Impl() {
+    if (own_device_scratch != nullptr) cuda::device_free(own_device_scratch);
+  }
 };
+
+namespace {
+// A host backend handed device memory would fault: say so instead.
+void reject_device_pointers(const AttentionArgs& a) {
+  const std::pair<const char*, const void*> buffers[] = {{"q", a.q.data}, {"k", a.k.data}, {"v", a.v.data},
+                                                         {"o", a.o.data}, {"mask", a.mask.data},
+                                                         {"key_lengths", a.key_lengths.data}};
+  for (const auto& [name, ptr] : buffers) {
+    if (cuda::is_device_pointer(ptr)) throw Error(name, "is CUDA device memory: run it with Backend::Cuda");
+  }
+}
+}  // namespace
 
 Attention::Attention(const AttentionProblem& problem, const AttentionConfig& config) : impl_(std::make_unique<Impl>()) {
   impl_->problem = core::normalize_and_check(problem);
@@ -74,11 +97,13 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     case Backend::Auto:
     case Backend::Cpu: impl_->backend = Backend::Cpu; break;
     case Backend::Reference: impl_->backend = Backend::Reference; break;
-    case Backend::Cuda: throw Error("config.backend", "the CUDA backend is not part of this build");
+    case Backend::Cuda: impl_->backend = Backend::Cuda; break;
   }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
     impl_->plan = cpu::plan_tiled(impl_->problem, threads);
+  } else if (impl_->backend == Backend::Cuda) {
+    impl_->cuda_plan = cuda::plan(impl_->problem);
   }
 }
 
@@ -90,16 +115,39 @@ const AttentionProblem& Attention::problem() const { return impl_->problem; }
 Backend Attention::backend() const { return impl_->backend; }
 
 std::string Attention::describe() const {
-  if (impl_->backend == Backend::Reference) return "reference (float64, one row at a time)";
-  return cpu::describe(impl_->plan);
+  switch (impl_->backend) {
+    case Backend::Reference: return "reference (float64, one row at a time)";
+    case Backend::Cuda: return cuda::describe(impl_->cuda_plan);
+    default: return cpu::describe(impl_->plan);
+  }
 }
 
 std::size_t Attention::scratch_bytes() const {
-  return impl_->backend == Backend::Cpu ? impl_->plan.scratch_bytes : 0;
+  switch (impl_->backend) {
+    case Backend::Cpu: return impl_->plan.scratch_bytes;
+    case Backend::Cuda: return impl_->cuda_plan.scratch_bytes;
+    default: return 0;
+  }
 }
 
 void Attention::run(const AttentionArgs& args) {
   const AttentionProblem& p = impl_->problem;
+  if (impl_->backend == Backend::Cuda) {
+    core::check_args(p, args, scratch_bytes(), /*host_key_lengths=*/false);
+    void* scratch = args.scratch;
+    const std::size_t need = impl_->cuda_plan.scratch_bytes;
+    if (scratch == nullptr && need > 0) {
+      if (impl_->own_device_bytes < need) {
+        if (impl_->own_device_scratch != nullptr) cuda::device_free(impl_->own_device_scratch);
+        impl_->own_device_scratch = cuda::device_alloc(need);
+        impl_->own_device_bytes = need;
+      }
+      scratch = impl_->own_device_scratch;
+    }
+    cuda::run(p, args, impl_->cuda_plan, scratch);
+    return;
+  }
+  reject_device_pointers(args);
   core::check_args(p, args, scratch_bytes());
   if (impl_->backend == Backend::Reference) {
     cpu::run_reference(p, args);

@@ -126,7 +126,8 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
   return p;
 }
 
-void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t scratch_needed) {
+void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t scratch_needed,
+                bool host_key_lengths) {
   const std::size_t es = dtype_size(p.dtype);
   const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim);
   const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim);
@@ -158,7 +159,7 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
             "is " + std::to_string(a.scratch_bytes) + " but this problem needs " + std::to_string(scratch_needed));
   }
 
-  if (p.has_key_lengths) {
+  if (p.has_key_lengths && host_key_lengths) {
     const auto* len = static_cast<const std::int32_t*>(a.key_lengths.data);
     for (std::int64_t b = 0; b < p.batch; ++b) {
       require(len[b] >= 0 && len[b] <= p.k_len, "key_lengths[" + str(b) + "]",

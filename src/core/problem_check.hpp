@@ -14,8 +14,10 @@ namespace attnkit::core {
 AttentionProblem normalize_and_check(const AttentionProblem& problem);
 
 // Checks a run's buffers against a normalised problem: null pointers, extents, output/input overlap,
-// key-length values, scratch size. Throws Error before anything is written.
-void check_args(const AttentionProblem& problem, const AttentionArgs& args, std::size_t scratch_needed);
+// key-length values (when `host_key_lengths`: a device backend checks them on the device), scratch size.
+// Throws Error before anything is written.
+void check_args(const AttentionProblem& problem, const AttentionArgs& args, std::size_t scratch_needed,
+                bool host_key_lengths = true);
 
 // Lowest and highest element index a layout reaches over [batch, heads, rows, cols] (cols contiguous).
 struct IndexSpan {

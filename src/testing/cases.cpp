@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -135,7 +136,10 @@ std::vector<CaseSpec> parse_cases(const std::string& text, const std::string& fi
   return out;
 }
 
-std::vector<CaseSpec> load_cases(const std::string& dir) {
+std::vector<CaseSpec> load_cases(const std::string& dir_in) {
+  // ATTNKIT_CASES_DIR in the environment overrides the source tree's path (a binary run on another machine).
+  const char* env = std::getenv("ATTNKIT_CASES_DIR");
+  const std::string dir = env != nullptr && *env != 0 && dir_in == ATTNKIT_CASES_DIR ? env : dir_in;
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() == ".json") files.push_back(e.path());

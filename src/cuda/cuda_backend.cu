@@ -1,0 +1,178 @@
+// The CUDA backend's host side: device discovery, the plan (kernel, key split, scratch), the launch sequence
+// (key-length check, main kernel in work-budget cuts, merge pass) and error reporting.
+#include "cuda_backend.hpp"
+#include "simt_kernel.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+namespace attnkit::cuda {
+namespace {
+
+constexpr std::int64_t kRowBlock = 64;
+constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
+constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
+constexpr std::int64_t kMaxSplits = 64;
+constexpr std::size_t kFlagBytes = 256;      // the key-length check's flag, at the start of scratch
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw RuntimeError(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+int device_sm_count() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, float* partial) {
+  KernelParams k{};
+  k.q = a.q.data;
+  k.k = a.k.data;
+  k.v = a.v.data;
+  k.o = a.o.data;
+  k.mask = static_cast<const float*>(a.mask.data);
+  k.key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
+  k.sinks = static_cast<const float*>(a.head_sink.data);
+  k.lse = static_cast<float*>(a.lse.data);
+  k.partial = partial;
+  k.lq = to_device(p.q);
+  k.lk = to_device(p.k);
+  k.lv = to_device(p.v);
+  k.lo = to_device(p.o);
+  k.lmask = to_device(p.mask);
+  k.llse = to_device(p.lse);
+  k.batch = p.batch;
+  k.heads = p.heads;
+  k.kv_heads = p.kv_heads;
+  k.q_len = p.q_len;
+  k.k_len = p.k_len;
+  k.head_dim = p.head_dim;
+  k.v_head_dim = p.v_head_dim;
+  k.group = plan.group;
+  k.group_rows = plan.group_rows;
+  k.row_blocks = plan.row_blocks;
+  k.splits = plan.splits;
+  k.split_keys = plan.split_keys;
+  k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
+  k.has_mask = p.has_mask;
+  k.has_key_lengths = p.has_key_lengths;
+  k.has_sink = p.has_head_sink;
+  k.return_lse = p.return_lse;
+  k.masked_rows = p.masked_rows;
+  return k;
+}
+
+}  // namespace
+
+bool available() {
+  static const bool present = [] {
+    int n = 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    if (!ok) cudaGetLastError();
+    return ok;
+  }();
+  return present;
+}
+
+bool is_device_pointer(const void* p) {
+  if (p == nullptr || !available()) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "invalid value" of a plain host pointer on old runtimes
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+CudaPlan plan(const AttentionProblem& p) {
+  if (!available()) throw Error("config.backend", "no CUDA device is present");
+  CudaPlan plan;
+  plan.kernel = CudaPlan::Kernel::Simt;
+  plan.sm_count = device_sm_count();
+  plan.group = p.heads / p.kv_heads;
+  plan.group_rows = plan.group * p.q_len;
+  plan.row_block = kRowBlock;
+  plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
+  const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
+  plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
+  // Split the keys when the row blocks alone would not fill the GPU twice over.
+  const std::int64_t target = 2 * static_cast<std::int64_t>(plan.sm_count);
+  if (base_blocks > 0 && base_blocks < target && p.k_len >= 2 * kMinSplitKeys) {
+    const std::int64_t want = std::min({ceil_div(target, base_blocks), p.k_len / kMinSplitKeys, kMaxSplits});
+    plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
+    plan.splits = ceil_div(p.k_len, plan.split_keys);
+  }
+  plan.blocks = base_blocks * plan.splits;
+  plan.smem_bytes = simt_smem_bytes(p.head_dim, p.v_head_dim);
+  plan.partial_bytes = plan.splits > 1
+                           ? static_cast<std::size_t>(plan.blocks * kRowBlock * (3 + p.v_head_dim)) * sizeof(float)
+                           : 0;
+  plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
+  return plan;
+}
+
+std::string describe(const CudaPlan& plan) {
+  std::string s = std::string("cuda.") + (plan.kernel == CudaPlan::Kernel::Simt ? "simt" : "tensor-core") + " " +
+                  std::to_string(plan.blocks) + " blocks of " + std::to_string(plan.row_block) + " rows, " +
+                  std::to_string(plan.smem_bytes) + " B shared, " + std::to_string(plan.sm_count) + " SMs";
+  if (plan.splits > 1) {
+    s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys";
+  }
+  return s;
+}
+
+void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, void* scratch) {
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  auto* flag = static_cast<int*>(scratch);
+  float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
+  if (p.has_key_lengths && p.batch > 0) {
+    // The lengths live on the device: check them there, before any output is written.
+    launch_check_key_lengths(static_cast<const std::int32_t*>(a.key_lengths.data), p.batch, p.k_len, flag, stream);
+    check_cuda(cudaGetLastError(), "the key-length check launch");
+    int bad = -1;
+    check_cuda(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (bad >= 0) {
+      std::int32_t value = 0;
+      check_cuda(cudaMemcpy(&value, static_cast<const std::int32_t*>(a.key_lengths.data) + bad, sizeof(value),
+                            cudaMemcpyDeviceToHost),
+                 "cudaMemcpy");
+      throw Error("key_lengths[" + std::to_string(bad) + "]",
+                  "= " + std::to_string(value) + " is outside [0, k_len = " + std::to_string(p.k_len) + "]");
+    }
+  }
+  if (plan.blocks == 0) return;
+  KernelParams params = make_params(p, a, plan, partial);
+  // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
+  // it lands, so a cut call equals the whole call.
+  const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
+  const std::int64_t per_launch =
+      p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
+  for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
+    params.first_block = first;
+    launch_simt(params, p.dtype, std::min(per_launch, plan.blocks - first), plan.smem_bytes, stream);
+    check_cuda(cudaGetLastError(), "the attention kernel launch");
+  }
+  if (plan.splits > 1) {
+    launch_merge(params, p.dtype, plan.row_block, stream);
+    check_cuda(cudaGetLastError(), "the split-k merge launch");
+  }
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+
+void device_free(void* p) { cudaFree(p); }
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,46 @@
+// The CUDA backend's host interface. Compiled by the host compiler too (no CUDA types here), so the
+// dispatcher in attention.cpp can call it; without CUDA in the build, available() is false.
+#pragma once
+
+#include <attnkit/attention.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace attnkit::cuda {
+
+// True when the backend is built and a CUDA device is present.
+bool available();
+// True when `p` is memory a CUDA kernel can read (device or managed memory).
+bool is_device_pointer(const void* p);
+
+// Which kernel runs a problem, its grid and its key split. Chosen from the shape and the device's SM count.
+struct CudaPlan {
+  enum class Kernel : std::uint8_t { Simt, TensorCore };
+  Kernel kernel = Kernel::Simt;
+  int head_dim_tile = 0;        // TensorCore: the padded head dim the kernel is built for
+  std::int64_t group = 1;       // query heads per K/V head
+  std::int64_t group_rows = 0;  // rows of one K/V head: group * q_len
+  std::int64_t row_block = 64;  // rows per thread block
+  std::int64_t row_blocks = 0;  // per K/V head
+  std::int64_t splits = 1;      // key ranges (1: no merge pass)
+  std::int64_t split_keys = 0;  // keys per range, a multiple of the key tile
+  std::int64_t blocks = 0;      // thread blocks of the main kernel
+  int sm_count = 0;
+  std::size_t smem_bytes = 0;
+  std::size_t partial_bytes = 0;  // split-K partial states
+  std::size_t scratch_bytes = 0;  // partials + the key-length check flag
+};
+
+CudaPlan plan(const AttentionProblem& problem);
+std::string describe(const CudaPlan& plan);
+// Runs on args.stream. Checks key lengths on the device first (one small kernel and a 4-byte copy) when the
+// problem has them; throws Error before launching anything if one is out of range.
+void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch);
+
+// Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
+void* device_alloc(std::size_t bytes);
+void device_free(void* p);
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,98 @@
+// What every CUDA attention kernel of attnkit receives, and the device-side helpers they share: element
+// loads and stores per dtype, and where a block's rows (head, query) and keys come from.
+#pragma once
+
+#include "../core/online_softmax.hpp"
+#include "../core/score_transform.hpp"
+#include "../core/visibility.hpp"
+
+#include <attnkit/attention.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace attnkit::cuda {
+
+struct DeviceLayout {
+  std::int64_t offset, batch_stride, head_stride, row_stride;
+  __host__ __device__ std::int64_t index(std::int64_t b, std::int64_t h, std::int64_t r) const {
+    return offset + b * batch_stride + h * head_stride + r * row_stride;
+  }
+};
+
+inline DeviceLayout to_device(const Layout& l) { return {l.offset, l.batch_stride, l.head_stride, l.row_stride}; }
+
+// Everything a launch needs, by value. Rows of a block are (head-in-group, query) pairs of one K/V head,
+// pair = g * q_len + i, so the query heads of a group share every K/V tile.
+struct KernelParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  const float* mask;
+  const std::int32_t* key_lengths;
+  const float* sinks;
+  float* lse;
+  float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
+  DeviceLayout lq, lk, lv, lo, lmask, llse;
+  std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
+  std::int64_t group, group_rows, row_blocks, splits, split_keys;
+  std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
+  core::VisibilityRule rule;
+  core::ScoreTransform transform;
+  bool has_mask, has_key_lengths, has_sink, return_lse;
+  MaskedRows masked_rows;
+};
+
+__host__ __device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Decodes a block index into (batch, K/V head, row block, key range).
+struct BlockCoord {
+  std::int64_t b, kvh, row_block, split;
+  std::int64_t key_begin, key_end;
+};
+
+__device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
+  BlockCoord c;
+  c.split = block % p.splits;
+  block /= p.splits;
+  c.row_block = block % p.row_blocks;
+  block /= p.row_blocks;
+  c.kvh = block % p.kv_heads;
+  c.b = block / p.kv_heads;
+  c.key_begin = c.split * p.split_keys;
+  c.key_end = min64(p.k_len, c.key_begin + p.split_keys);
+  return c;
+}
+
+__device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std::int64_t b) {
+  return p.has_key_lengths ? p.key_lengths[b] : p.k_len;
+}
+
+// Writes a finished row (or its split-K partial) from an unnormalised accumulator element.
+__device__ __forceinline__ float finished_value(const core::RowFinish& fin, float acc) {
+  return fin.acc_scale == 0.0f ? 0.0f : acc * fin.acc_scale;
+}
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,24 @@
+// Launchers of the CUDA kernels, for the backend's host code (cuda_backend.cu).
+#pragma once
+
+#include "kernel_params.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attnkit::cuda {
+
+// attention_simt.cu: 64 rows per block, any dtype and head dim.
+std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
+void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);
+
+// split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
+void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
+
+// split_merge.cu: first key_lengths index outside [0, k_len] into *bad (-1 when all are in range).
+void launch_check_key_lengths(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad,
+                              cudaStream_t stream);
+
+}  // namespace attnkit::cuda

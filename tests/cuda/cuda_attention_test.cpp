@@ -1,0 +1,194 @@
+// The CUDA backend against the float64 reference on every case of cases/*.json, plus the properties every
+// backend owes: bit-identical reruns, cut calls equal to whole calls, bad key lengths rejected with nothing
+// written. Inputs are the CPU tests' (CaseData), copied to the device; outputs come back into CaseData.
+#include <testing/case_data.hpp>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace attnkit::testing {
+namespace {
+
+bool have_gpu() {
+  const auto b = available_backends();
+  return std::find(b.begin(), b.end(), Backend::Cuda) != b.end();
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+// Device copies of a case's buffers; `run` executes on the GPU and copies O and LSE back into the case.
+class DeviceCase {
+ public:
+  explicit DeviceCase(CaseData& data) : data_(data), host_(data.args()) {
+    dev_ = host_;
+    dev_.q.data = upload(host_.q.data, host_.q.elements * esize());
+    dev_.k.data = upload(host_.k.data, host_.k.elements * esize());
+    dev_.v.data = upload(host_.v.data, host_.v.elements * esize());
+    dev_.mask.data = upload(host_.mask.data, host_.mask.elements * 4);
+    dev_.key_lengths.data = upload(host_.key_lengths.data, host_.key_lengths.elements * 4);
+    dev_.head_sink.data = upload(host_.head_sink.data, host_.head_sink.elements * 4);
+    dev_.o.data = const_cast<void*>(upload(host_.o.data, host_.o.elements * esize()));
+    dev_.lse.data = const_cast<void*>(upload(host_.lse.data, host_.lse.elements * 4));
+  }
+  ~DeviceCase() {
+    for (void* p : owned_) cudaFree(p);
+  }
+  // Poisons the device outputs (from the case's poisoned host buffers), runs, copies the outputs back.
+  void run(Attention& op, AttentionArgs* override_args = nullptr) {
+    data_.poison_outputs();
+    copy_to_device(dev_.o.data, host_.o.data, host_.o.elements * esize());
+    copy_to_device(dev_.lse.data, host_.lse.data, host_.lse.elements * 4);
+    try {
+      op.run(override_args != nullptr ? *override_args : dev_);
+    } catch (...) {
+      download();
+      throw;
+    }
+    download();
+  }
+  AttentionArgs& device_args() { return dev_; }
+
+ private:
+  std::int64_t esize() const { return static_cast<std::int64_t>(dtype_size(data_.dtype())); }
+  const void* upload(const void* host, std::int64_t bytes) {
+    if (host == nullptr || bytes == 0) return nullptr;
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, static_cast<std::size_t>(bytes)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, host, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice), cudaSuccess);
+    owned_.push_back(d);
+    return d;
+  }
+  static void copy_to_device(void* d, const void* h, std::int64_t bytes) {
+    if (d != nullptr && bytes > 0) EXPECT_EQ(cudaMemcpy(d, h, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void download() {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (dev_.o.data != nullptr)
+      EXPECT_EQ(cudaMemcpy(host_.o.data, dev_.o.data, static_cast<std::size_t>(host_.o.elements * esize()), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (dev_.lse.data != nullptr)
+      EXPECT_EQ(cudaMemcpy(host_.lse.data, dev_.lse.data, static_cast<std::size_t>(host_.lse.elements * 4), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+  CaseData& data_;
+  AttentionArgs host_;
+  AttentionArgs dev_;
+  std::vector<void*> owned_;
+};
+
+AttentionConfig cuda_config() {
+  AttentionConfig c;
+  c.backend = Backend::Cuda;
+  return c;
+}
+
+TEST(CudaAttention, EveryCaseMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (const CaseSpec& spec : load_cases()) {
+    for (DType t : spec.dtypes) {
+      SCOPED_TRACE(spec.file + ": " + spec.name + " " + std::string(dtype_name(t)));
+      CaseData data(spec, t, 20261129);
+      const auto ref = data.reference();
+      Attention op(data.problem(), cuda_config());
+      DeviceCase dev(data);
+      dev.run(op);
+      const double err = data.scaled_error(ref);
+      std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(), err,
+                  tolerance(t), op.describe().c_str());
+      EXPECT_LE(err, tolerance(t));
+      EXPECT_LE(data.lse_error(ref), 1e-5);
+      EXPECT_TRUE(data.gaps_untouched());
+    }
+  }
+}
+
+// Two runs, and a run cut into many launches by the work budget, give the same bytes.
+TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
+  SKIP_WITHOUT_GPU();
+  struct Shape { std::int64_t batch, heads, kv, q, k, d; bool causal; };
+  for (const Shape s : {Shape{2, 8, 2, 1, 5000, 64, true}, Shape{1, 12, 12, 300, 300, 64, false},
+                        Shape{2, 4, 1, 77, 129, 40, true}}) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "det";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = s.q; spec.k_len = s.k;
+      spec.head_dim = s.d; spec.causal = s.causal; spec.lse = true; spec.mask = MaskKind::Random;
+      SCOPED_TRACE(std::to_string(s.k) + " keys, " + std::string(dtype_name(t)));
+      CaseData data(spec, t, 7);
+      Attention whole(data.problem(), cuda_config());
+      DeviceCase dev(data);
+      dev.run(whole);
+      const auto first = data.output_bytes();
+      dev.run(whole);
+      EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
+      AttentionProblem cut_problem = data.problem();
+      cut_problem.work_budget = 1;  // one block per launch
+      Attention cut(cut_problem, cuda_config());
+      dev.run(cut);
+      EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+      EXPECT_LE(data.scaled_error(data.reference()), tolerance(t));
+    }
+  }
+}
+
+TEST(CudaAttention, SplitKIsUsedForDecodeAndMatches) {
+  SKIP_WITHOUT_GPU();
+  CaseSpec spec;
+  spec.name = "decode";
+  spec.batch = 1; spec.heads = 8; spec.kv_heads = 2; spec.q_len = 1; spec.k_len = 16384; spec.head_dim = 128;
+  spec.causal = true;
+  CaseData data(spec, DType::f32, 11);
+  Attention op(data.problem(), cuda_config());
+  EXPECT_NE(op.describe().find("split-k"), std::string::npos) << op.describe();
+  DeviceCase dev(data);
+  dev.run(op);
+  EXPECT_LE(data.scaled_error(data.reference()), 1e-5);
+}
+
+TEST(CudaAttention, BadKeyLengthOnDeviceIsRejectedAndNothingWritten) {
+  SKIP_WITHOUT_GPU();
+  CaseSpec spec;
+  spec.name = "bad";
+  spec.batch = 3; spec.heads = 2; spec.q_len = 5; spec.k_len = 50; spec.head_dim = 16;
+  spec.key_lengths = KeyLengths::Random;
+  CaseData data(spec, DType::f32, 3);
+  Attention op(data.problem(), cuda_config());
+  DeviceCase dev(data);
+  const std::int32_t bad = 51;
+  auto* lengths = static_cast<std::int32_t*>(const_cast<void*>(dev.device_args().key_lengths.data));
+  ASSERT_EQ(cudaMemcpy(lengths + 1, &bad, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto before = data.output_bytes();
+  try {
+    dev.run(op);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "key_lengths[1]");
+    EXPECT_NE(std::string(e.what()).find("51"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(before, data.output_bytes()) << "output was written";
+}
+
+TEST(CudaAttention, HostPointersOnTheCpuBackendAndDevicePointersRejectedThere) {
+  SKIP_WITHOUT_GPU();
+  CaseSpec spec;
+  spec.name = "where";
+  spec.q_len = 4; spec.k_len = 8; spec.head_dim = 8;
+  CaseData data(spec, DType::f32, 5);
+  DeviceCase dev(data);
+  Attention cpu(data.problem());
+  try {
+    cpu.run(dev.device_args());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::testing
