@@ -9,7 +9,7 @@
 // to the running output (kept in shared memory) after one rescale: blockwise sums, for float32 accuracy at
 // long key lengths. No atomics; every sum has a fixed order, so runs are bit-identical.
 #include "kernel_params.cuh"
-#include "simt_kernel.hpp"
+#include "kernel_launchers.hpp"
 
 #include <cmath>
 

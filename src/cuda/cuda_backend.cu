@@ -1,7 +1,7 @@
 // The CUDA backend's host side: device discovery, the plan (kernel, key split, scratch), the launch sequence
 // (key-length check, main kernel in work-budget cuts, merge pass) and error reporting.
 #include "cuda_backend.hpp"
-#include "simt_kernel.hpp"
+#include "kernel_launchers.hpp"
 
 #include <cuda_runtime.h>
 
@@ -22,6 +22,14 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The tensor-core kernel copies rows in 16-byte chunks: every row of Q, K and V must start on 16 bytes.
+bool layout_aligned16(const Layout& l) {
+  constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte type
+  return l.offset % kElems == 0 && l.batch_stride % kElems == 0 && l.head_stride % kElems == 0 &&
+         l.row_stride % kElems == 0;
+}
+bool pointer_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 int device_sm_count() {
   int device = 0;
@@ -95,7 +103,11 @@ bool is_device_pointer(const void* p) {
 CudaPlan plan(const AttentionProblem& p) {
   if (!available()) throw Error("config.backend", "no CUDA device is present");
   CudaPlan plan;
-  plan.kernel = CudaPlan::Kernel::Simt;
+  plan.kernel = mma_supports(p.dtype, p.head_dim, p.v_head_dim) && layout_aligned16(p.q) && layout_aligned16(p.k) &&
+                        layout_aligned16(p.v)
+                    ? CudaPlan::Kernel::TensorCore
+                    : CudaPlan::Kernel::Simt;
+  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? static_cast<int>(p.head_dim) : 0;
   plan.sm_count = device_sm_count();
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
@@ -111,7 +123,8 @@ CudaPlan plan(const AttentionProblem& p) {
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
-  plan.smem_bytes = simt_smem_bytes(p.head_dim, p.v_head_dim);
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim)
+                                                                : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes = plan.splits > 1
                            ? static_cast<std::size_t>(plan.blocks * kRowBlock * (3 + p.v_head_dim)) * sizeof(float)
                            : 0;
@@ -156,9 +169,18 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
   const std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
+  // Rows that do not start on 16 bytes (an odd base pointer) take the SIMT kernel; the plan assumed aligned ones.
+  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && pointer_aligned16(a.q.data) &&
+                            pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
-    launch_simt(params, p.dtype, std::min(per_launch, plan.blocks - first), plan.smem_bytes, stream);
+    const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
+    if (tensor_cores) {
+      launch_mma(params, p.dtype, blocks, stream);
+    } else {
+      launch_simt(params, p.dtype, blocks, simt_smem, stream);
+    }
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
   if (plan.splits > 1) {

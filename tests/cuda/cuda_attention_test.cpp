@@ -102,7 +102,9 @@ TEST(CudaAttention, EveryCaseMatchesTheReference) {
       std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(), err,
                   tolerance(t), op.describe().c_str());
       EXPECT_LE(err, tolerance(t));
-      EXPECT_LE(data.lse_error(ref), 1e-5);
+      // The LSE is a float32 output, but half/bfloat16 kernels sum probabilities rounded to the element type
+      // (so numerator and denominator agree), which moves it by about the element type's rounding.
+      EXPECT_LE(data.lse_error(ref), t == DType::f32 ? 1e-5 : tolerance(t));
       EXPECT_TRUE(data.gaps_untouched());
     }
   }

@@ -14,6 +14,12 @@ namespace attnkit::cuda {
 std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);
 
+// attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, head dim 64 or 128 (= v_head_dim), rows
+// aligned to 16 bytes.
+bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim);
+std::size_t mma_smem_bytes(std::int64_t head_dim);
+void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
 

@@ -1,0 +1,72 @@
+// Times attnkit's CUDA kernels alone (CUDA events, median of many back-to-back calls) on the PERF.md shapes.
+// A quick look between full runs; the numbers that count come from bench/bench_cuda.py, side by side with
+// PyTorch in one process.
+#include <attnkit/attention.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+using namespace attnkit;
+
+int main() {
+  struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
+  const Case cases[] = {
+      {"bert_b8_s512", 8, 12, 12, 512, 512, 64, false},     {"whisper_enc_1500", 1, 12, 12, 1500, 1500, 64, false},
+      {"whisper_dec_448", 1, 12, 12, 1, 448, 64, true},     {"whisper_cross_1q", 1, 12, 12, 1, 1500, 64, false},
+      {"fa3_h128_s4k", 4, 16, 16, 4096, 4096, 128, false},  {"fa3_h64_s4k", 4, 32, 32, 4096, 4096, 64, false},
+      {"fa3_h128_s4k_causal", 4, 16, 16, 4096, 4096, 128, true},
+      {"llama8b_prefill_s4k_gqa", 1, 32, 8, 4096, 4096, 128, true},
+      {"llama8b_decode_b64_k4k_gqa", 64, 32, 8, 1, 4096, 128, true},
+      {"llama8b_decode_b8_k32k_gqa", 8, 32, 8, 1, 32768, 128, true},
+  };
+  std::printf("%-28s %-9s %10s %9s %9s  %s\n", "case", "dtype", "us", "TFLOP/s", "GB/s", "kernel");
+  for (const Case& c : cases) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      AttentionProblem p = AttentionProblem::head_first(c.b, c.h, c.hkv, c.sq, c.sk, c.d, t);
+      p.causal = c.causal;
+      const std::size_t es = dtype_size(t);
+      const std::int64_t nq = c.b * c.h * c.sq * c.d, nk = c.b * c.hkv * c.sk * c.d;
+      std::vector<std::uint16_t> host(static_cast<std::size_t>(std::max(nq, nk)) * 2);
+      std::mt19937 rng(1);
+      std::normal_distribution<float> normal;
+      std::vector<char> bytes(static_cast<std::size_t>(std::max(nq, nk)) * es);
+      for (std::int64_t i = 0; i < std::max(nq, nk); ++i) store_from_float(bytes.data(), t, i, normal(rng));
+      void *q, *k, *v, *o;
+      cudaMalloc(&q, nq * es); cudaMalloc(&k, nk * es); cudaMalloc(&v, nk * es); cudaMalloc(&o, nq * es);
+      cudaMemcpy(q, bytes.data(), nq * es, cudaMemcpyHostToDevice);
+      cudaMemcpy(k, bytes.data(), nk * es, cudaMemcpyHostToDevice);
+      cudaMemcpy(v, bytes.data(), nk * es, cudaMemcpyHostToDevice);
+      AttentionConfig cfg;
+      cfg.backend = Backend::Cuda;
+      Attention op(p, cfg);
+      AttentionArgs a;
+      a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nk}; a.o = {o, nq};
+      for (int i = 0; i < 3; ++i) op.run(a);
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0); cudaEventCreate(&e1);
+      std::vector<float> ms;
+      for (int rep = 0; rep < 15; ++rep) {
+        cudaEventRecord(e0);
+        for (int i = 0; i < 5; ++i) op.run(a);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float m = 0; cudaEventElapsedTime(&m, e0, e1); ms.push_back(m / 5);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double sec = ms[ms.size() / 2] * 1e-3;
+      double pairs = static_cast<double>(c.sq) * c.sk;
+      if (c.causal && c.sq > 1) pairs = static_cast<double>(c.sq) * (c.sk - c.sq) + c.sq * (c.sq + 1) / 2.0;
+      const double flops = 4.0 * c.b * c.h * pairs * c.d;
+      const double bytes_min = static_cast<double>(es) * (2.0 * nq + 2.0 * nk);
+      std::printf("%-28s %-9s %10.1f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(), sec * 1e6,
+                  flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
+      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+      if (cudaGetLastError() != cudaSuccess) { std::printf("CUDA error\n"); return 1; }
+    }
+  }
+}

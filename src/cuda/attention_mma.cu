@@ -1,0 +1,374 @@
+// The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async),
+// head dims 64 and 128 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
+//
+// A block owns 64 rows ((head, query) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in
+// tiles of 64 keys. K and V tiles are double-buffered in shared memory (cp.async, XOR-swizzled 16-byte chunks
+// so ldmatrix reads are conflict-free); Q stays in shared memory and is re-read by ldmatrix. S = Q Kᵀ lives in
+// registers (16 x 64 per warp), the online softmax runs on those registers (a row is spread over the 4 lanes
+// of a quad: two xor-shuffles), P is rounded to the element type in registers and fed straight back as the A
+// operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree. Accumulation is
+// float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
+#include "kernel_launchers.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace attnkit::cuda {
+namespace {
+
+constexpr int kRows = 64;
+constexpr int kKeys = 64;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <class T>
+struct Pack2;
+template <>
+struct Pack2<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __half2 h = __floats2half2_rn(a, b);
+    ra = __low2float(h);
+    rb = __high2float(h);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+template <>
+struct Pack2<__nv_bfloat16> {
+  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    ra = __low2float(h);
+    rb = __high2float(h);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                 std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                        std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 16-byte copy global -> shared; `valid` false writes zeros (keys past the tile, padded rows).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Element offset of (row, col) in a [rows][D] shared tile whose 16-byte chunks are XOR-swizzled by row, so
+// that the 8 rows one ldmatrix reads at one column fall in 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int col) {
+  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelParams p) {
+  extern __shared__ float4 smem_raw[];
+  T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
+  T* ks = qs + kRows * D;                    // [2][kKeys][D]
+  T* vs = ks + 2 * kKeys * D;                // [2][kKeys][D]
+  auto* row_head = reinterpret_cast<int*>(vs + 2 * kKeys * D);
+  int* row_query = row_head + kRows;
+  int* row_begin = row_query + kRows;
+  int* row_end = row_begin + kRows;
+  __shared__ int tile_lo, tile_hi;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const std::int64_t block = p.first_block + blockIdx.x;
+  const BlockCoord c = block_coord(p, block);
+  const std::int64_t first_row = c.row_block * kRows;
+  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  const std::int64_t key_length = key_length_of(p, c.b);
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+
+  if (tid == 0) {
+    tile_lo = static_cast<int>(c.key_end);
+    tile_hi = static_cast<int>(c.key_begin);
+  }
+  __syncthreads();
+  if (tid < kRows) {
+    int head = 0, query = 0, begin = 0, end = 0;
+    if (tid < rows) {
+      const std::int64_t pair = first_row + tid;
+      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
+      query = static_cast<int>(pair % p.q_len);
+      const core::KeyRange r = p.rule.for_row(query, key_length);
+      begin = static_cast<int>(max64(r.begin, c.key_begin));
+      end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
+      if (begin < end) {
+        atomicMin(&tile_lo, begin);  // a min/max of integers: the order cannot change the result
+        atomicMax(&tile_hi, end);
+      }
+    }
+    row_head[tid] = head;
+    row_query[tid] = query;
+    row_begin[tid] = begin;
+    row_end[tid] = end;
+  }
+  __syncthreads();
+  const int lo = tile_lo, hi = tile_hi;
+  // Keys every row of the block sees: tiles inside [all_begin, all_end) need no per-element visibility test.
+  int all_begin = 0, all_end = 0x7fffffff;
+  for (int r = 0; r < rows; ++r) {
+    all_begin = max(all_begin, row_begin[r]);
+    all_end = min(all_end, row_end[r]);
+  }
+
+  // Q rows into shared memory (zeros for padded rows).
+  for (int e = tid; e < kRows * kChunks; e += kThreads) {
+    const int r = e / kChunks, ch = e % kChunks;
+    const T* src = q + p.lq.index(c.b, row_head[r], row_query[r]) + ch * 8;
+    cp_async16(qs + swizzled<D>(r, ch * 8), src, r < rows);
+  }
+  // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row.
+  const T* k_head = k + p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride + (tid % kChunks) * 8;
+  const T* v_head = v + p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride + (tid % kChunks) * 8;
+  auto load_kv = [&](int buffer, std::int64_t k0, int n) {
+    T* kdst = ks + buffer * kKeys * D;
+    T* vdst = vs + buffer * kKeys * D;
+#pragma unroll
+    for (int j = tid / kChunks; j < kKeys; j += kThreads / kChunks) {
+      const bool valid = j < n;
+      const std::int64_t key = valid ? k0 + j : k0;
+      const int at = swizzled<D>(j, (tid % kChunks) * 8);
+      cp_async16(kdst + at, k_head + key * p.lk.row_stride, valid);
+      cp_async16(vdst + at, v_head + key * p.lv.row_stride, valid);
+    }
+  };
+
+  // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1}.
+  const int r0 = warp * 16 + lane / 4;
+  const float scale = p.transform.scale;
+  const float softcap = p.transform.softcap;
+  const float scale_over_cap = softcap > 0.0f ? scale / softcap : 0.0f;
+  float o[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float row_max[2] = {core::kNegInf, core::kNegInf};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  const std::int64_t first_tile = lo < hi ? lo / kKeys * kKeys : hi;
+  int buffer = 0;
+  if (first_tile < hi) {
+    const std::int64_t k0 = max64(first_tile, lo);
+    load_kv(0, k0, static_cast<int>(min64(first_tile + kKeys, hi) - k0));
+  }
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  for (std::int64_t t0 = first_tile; t0 < hi; t0 += kKeys) {
+    const std::int64_t k0 = max64(t0, lo);
+    const int n = static_cast<int>(min64(t0 + kKeys, hi) - k0);
+    if (t0 + kKeys < hi) {  // prefetch the next tile into the other buffer
+      const std::int64_t nk0 = t0 + kKeys;
+      load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kKeys, hi) - nk0));
+    }
+    cp_async_commit();
+    const T* kt = ks + buffer * kKeys * D;
+    const T* vt = vs + buffer * kKeys * D;
+
+    // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys: 8 n-tiles of 8 keys.
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      std::uint32_t a[4];
+      ldmatrix_x4(a, qs + swizzled<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; j += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, kt + swizzled<D>(j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
+        mma16816<T>(s[j], a, b[0], b[1]);
+        mma16816<T>(s[j + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Scores: scale (and softcap, mask, visibility where the tile needs them), then the online softmax. The
+    // rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
+    // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
+    const bool full = n == kKeys && !p.has_mask && all_begin <= k0 && all_end >= k0 + kKeys;
+    if (softcap > 0.0f) {
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale_over_cap);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= scale;
+    }
+    if (!full) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + half * 8;
+        const int begin = r < rows ? row_begin[r] : 0;
+        const int end = r < rows ? row_end[r] : 0;
+        const float* mask_row = p.has_mask && r < rows ? p.mask + p.lmask.index(c.b, row_head[r], row_query[r]) : nullptr;
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = j * 8 + (lane % 4) * 2 + e;
+            const std::int64_t key = k0 + col;
+            const bool seen = col < n && key >= begin && key < end;
+            float& x = s[j][half * 2 + e];
+            x = seen ? (mask_row != nullptr ? x + mask_row[key] : x) : core::kNegInf;
+          }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float tile_max = core::kNegInf;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[half], tile_max);
+      const float alpha = core::rescale_factor(row_max[half], new_max);
+      row_max[half] = new_max;
+      row_sum[half] *= alpha;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        o[t][half * 2] *= alpha;
+        o[t][half * 2 + 1] *= alpha;
+      }
+      const float shift = core::usable_max(new_max) * kLog2e;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = exp2f(fmaf(s[j][half * 2 + e], kLog2e, -shift));
+    }
+
+    // P (rounded to T) as the A operand; the normaliser sums the rounded values. O += P V.
+    float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      std::uint32_t a[4];
+      float rounded[8];
+      a[0] = Pack2<T>::pack(s[2 * kk][0], s[2 * kk][1], rounded[0], rounded[1]);
+      a[1] = Pack2<T>::pack(s[2 * kk][2], s[2 * kk][3], rounded[2], rounded[3]);
+      a[2] = Pack2<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1], rounded[4], rounded[5]);
+      a[3] = Pack2<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3], rounded[6], rounded[7]);
+      tile_sum[0] += (rounded[0] + rounded[1]) + (rounded[4] + rounded[5]);
+      tile_sum[1] += (rounded[2] + rounded[3]) + (rounded[6] + rounded[7]);
+#pragma unroll
+      for (int t = 0; t < D / 8; t += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vt + swizzled<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t * 8 + (lane / 16) * 8));
+        mma16816<T>(o[t], a, b[0], b[1]);
+        mma16816<T>(o[t + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 1);
+      tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 2);
+      row_sum[half] += tile_sum[half];
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    buffer ^= 1;
+  }
+
+  // Finish: normalise and write (or leave the split-K partial). A NaN sum means a NaN or +inf score.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + half * 8;
+    if (r >= rows) continue;
+    const bool poisoned = isnan(row_sum[half]);
+    if (p.partial != nullptr) {
+      float* part = p.partial + (block * kRows + r) * (3 + D);
+      if (lane % 4 == 0) {
+        part[0] = row_max[half];
+        part[1] = row_sum[half];
+        part[2] = poisoned ? 1.0f : 0.0f;
+      }
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        const int col = t * 8 + (lane % 4) * 2;
+        part[3 + col] = o[t][half * 2];
+        part[3 + col + 1] = o[t][half * 2 + 1];
+      }
+      continue;
+    }
+    const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, p.has_sink,
+                                                 p.has_sink ? p.sinks[row_head[r]] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row_head[r], row_query[r]);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      const int col = t * 8 + (lane % 4) * 2;
+      out[col] = from_float<T>(finished_value(fin, o[t][half * 2]));
+      out[col + 1] = from_float<T>(finished_value(fin, o[t][half * 2 + 1]));
+    }
+    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row_head[r], row_query[r])] = fin.lse;
+  }
+}
+
+template <class T, int D>
+void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+  const std::size_t smem = mma_smem_bytes(D);
+  auto kernel = attention_mma_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+}
+
+}  // namespace
+
+bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim) {
+  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+}
+
+std::size_t mma_smem_bytes(std::int64_t head_dim) {
+  return static_cast<std::size_t>((kRows + 4 * kKeys) * head_dim) * 2 + 4 * kRows * sizeof(int);
+}
+
+void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
+  if (dtype == DType::f16) {
+    if (p.head_dim == 64) launch_typed<__half, 64>(p, blocks, stream);
+    else launch_typed<__half, 128>(p, blocks, stream);
+  } else {
+    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, blocks, stream);
+    else launch_typed<__nv_bfloat16, 128>(p, blocks, stream);
+  }
+}
+
+}  // namespace attnkit::cuda
