@@ -43,6 +43,9 @@ struct AttentionProblem {
   // Causal: query i sees key j when j <= i + offset; the offset defaults to k_len - q_len.
   bool causal = false;
   std::optional<std::int64_t> causal_offset;
+  // Per-batch causal offsets, int32[batch] (needs causal): batch entry b uses offsets[b] instead of
+  // causal_offset (sequences of a right-padded batch whose queries sit at different positions).
+  bool has_causal_offsets = false;
   // Sliding window (needs causal): query i sees only the `window` keys ending at its causal limit.
   std::optional<std::int64_t> window;
   // Softcap c > 0: every scaled score s becomes c * tanh(s / c) before the mask is added.
@@ -87,6 +90,7 @@ struct AttentionArgs {
   ConstBuffer mask;        // float32, when problem.has_mask
   ConstBuffer key_lengths; // int32[batch], when problem.has_key_lengths
   ConstBuffer head_sink;   // float32[heads], when problem.has_head_sink
+  ConstBuffer causal_offsets;  // int32[batch], when problem.has_causal_offsets
   MutableBuffer lse;       // float32, when problem.return_lse
   // Scratch of at least scratch_bytes(); null lets the op keep its own (allocated once, kept).
   void* scratch = nullptr;

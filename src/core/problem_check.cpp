@@ -106,6 +106,7 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
     require(std::isfinite(*p.softcap) && *p.softcap > 0.0f, "softcap", "must be finite and > 0 when set");
   }
   if (!p.causal_offset) p.causal_offset = p.k_len - p.q_len;
+  require(!p.has_causal_offsets || p.causal, "has_causal_offsets", "per-batch causal offsets need causal = true");
   if (p.window) {
     require(p.causal, "window", "a sliding window needs causal = true (it is measured from the causal limit)");
     require(*p.window >= 1, "window", "must be >= 1 when set (got " + str(*p.window) + ")");
@@ -137,6 +138,7 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const IndexSpan lse = p.return_lse ? index_span(p.lse, p.batch, p.heads, p.q_len, 1) : IndexSpan{};
   const IndexSpan lengths = p.has_key_lengths && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
   const IndexSpan sink = p.has_head_sink ? IndexSpan{0, p.heads - 1} : IndexSpan{};
+  const IndexSpan offsets = p.has_causal_offsets && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
 
   check_buffer("q", a.q.data, a.q.elements, q);
   // K and V are read only for rows that have queries.
@@ -151,6 +153,9 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   require(p.has_head_sink || a.head_sink.data == nullptr, "head_sink",
           "a head-sink buffer was given but problem.has_head_sink is false");
   check_buffer("head_sink", a.head_sink.data, a.head_sink.elements, sink);
+  require(p.has_causal_offsets || a.causal_offsets.data == nullptr, "causal_offsets",
+          "a causal-offset buffer was given but problem.has_causal_offsets is false");
+  check_buffer("causal_offsets", a.causal_offsets.data, a.causal_offsets.elements, offsets);
   require(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
   check_buffer("lse", a.lse.data, a.lse.elements, lse);
   if (a.scratch != nullptr) {
@@ -170,13 +175,14 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0
                                 ? IndexSpan{0, static_cast<std::int64_t>(scratch_needed) - 1}
                                 : IndexSpan{};
-  const std::array<Region, 9> regions{
+  const std::array<Region, 10> regions{
       Region{"q", a.q.data, q, es, false},
       Region{"k", a.k.data, k, es, false},
       Region{"v", a.v.data, v, es, false},
       Region{"mask", a.mask.data, mask, 4, false},
       Region{"key_lengths", a.key_lengths.data, lengths, 4, false},
       Region{"head_sink", a.head_sink.data, sink, 4, false},
+      Region{"causal_offsets", a.causal_offsets.data, offsets, 4, false},
       Region{"o", a.o.data, o, es, true},
       Region{"lse", a.lse.data, lse, 4, true},
       Region{"scratch", a.scratch, scratch, 1, true},

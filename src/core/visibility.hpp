@@ -21,6 +21,14 @@ struct VisibilityRule {
   std::int64_t causal_offset = 0;  // query i sees key j when j <= i + causal_offset
   std::int64_t window = 0;         // > 0: only the `window` keys ending at the causal limit
 
+  // The rule of batch entry b: its own causal offset when per-batch offsets are given (a right-padded batch of
+  // sequences whose queries sit at different positions, as in a KV-cached decoder step).
+  ATTNKIT_HD VisibilityRule for_batch(const std::int32_t* offsets, std::int64_t b) const {
+    VisibilityRule r = *this;
+    if (offsets != nullptr) r.causal_offset = offsets[b];
+    return r;
+  }
+
   // Keys query `row` may see when its batch entry has `key_length` keys.
   ATTNKIT_HD KeyRange for_row(std::int64_t row, std::int64_t key_length) const {
     std::int64_t begin = 0;

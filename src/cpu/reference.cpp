@@ -12,7 +12,7 @@ namespace attnkit::cpu {
 ReferenceResult reference_attention(const AttentionProblem& p, const AttentionArgs& a) {
   const std::int64_t group = p.heads / p.kv_heads;
   const std::int64_t dv = p.v_head_dim;
-  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::VisibilityRule base_rule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const core::ScoreTransform transform{*p.scale, p.softcap.value_or(0.0f)};
   const auto* key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
   const auto* mask = static_cast<const float*>(a.mask.data);
@@ -26,6 +26,7 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
   std::vector<double> scores;
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const std::int64_t key_length = p.has_key_lengths ? key_lengths[b] : p.k_len;
+    const core::VisibilityRule rule = base_rule.for_batch(static_cast<const std::int32_t*>(a.causal_offsets.data), b);
     for (std::int64_t h = 0; h < p.heads; ++h) {
       const std::int64_t kvh = h / group;
       for (std::int64_t i = 0; i < p.q_len; ++i) {

@@ -233,7 +233,8 @@ void run_item(const ItemJob& job) {
   const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
   const std::int64_t dim = p.head_dim;
   const std::int64_t dv = p.v_head_dim;
-  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::VisibilityRule rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.for_batch(
+      static_cast<const std::int32_t*>(a.causal_offsets.data), job.b);
   const std::int64_t key_length =
       p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data)[job.b] : p.k_len;
 

@@ -48,6 +48,7 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.mask = static_cast<const float*>(a.mask.data);
   k.key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
   k.sinks = static_cast<const float*>(a.head_sink.data);
+  k.causal_offsets = static_cast<const std::int32_t*>(a.causal_offsets.data);
   k.lse = static_cast<float*>(a.lse.data);
   k.partial = partial;
   k.lq = to_device(p.q);

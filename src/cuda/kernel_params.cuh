@@ -34,6 +34,7 @@ struct KernelParams {
   const float* mask;
   const std::int32_t* key_lengths;
   const float* sinks;
+  const std::int32_t* causal_offsets;  // per batch entry, or null
   float* lse;
   float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
   DeviceLayout lq, lk, lv, lo, lmask, llse;

@@ -93,6 +93,7 @@ CaseData::CaseData(const CaseSpec& spec, DType dtype, std::uint64_t seed) : spec
   p.masked_rows = spec.masked_rows;
   p.has_head_sink = spec.head_sink;
   p.has_key_lengths = spec.key_lengths != KeyLengths::None;
+  p.has_causal_offsets = spec.causal_offsets;
   p.return_lse = spec.lse;
   const std::int64_t B = p.batch, H = p.heads, Hkv = p.kv_heads, Sq = p.q_len, Sk = p.k_len;
   const std::int64_t D = p.head_dim, Dv = p.v_head_dim;
@@ -193,6 +194,11 @@ CaseData::CaseData(const CaseSpec& spec, DType dtype, std::uint64_t seed) : spec
     std::uniform_int_distribution<std::int64_t> len(0, Sk);
     for (auto& l : key_lengths_) l = spec.key_lengths == KeyLengths::Zero ? 0 : static_cast<std::int32_t>(len(rng));
   }
+  if (p.has_causal_offsets) {
+    offsets_.resize(static_cast<std::size_t>(B));
+    std::uniform_int_distribution<std::int64_t> off(-Sq, Sk);
+    for (auto& o : offsets_) o = static_cast<std::int32_t>(off(rng));
+  }
   if (p.has_head_sink) {
     sinks_.resize(static_cast<std::size_t>(H));
     for (float& s : sinks_) s = static_cast<float>(normal(rng));
@@ -212,6 +218,7 @@ AttentionArgs CaseData::args() {
   if (problem_.has_mask) a.mask = {mask_.data(), static_cast<std::int64_t>(mask_.size())};
   if (problem_.has_key_lengths) a.key_lengths = {key_lengths_.data(), static_cast<std::int64_t>(key_lengths_.size())};
   if (problem_.has_head_sink) a.head_sink = {sinks_.data(), static_cast<std::int64_t>(sinks_.size())};
+  if (problem_.has_causal_offsets) a.causal_offsets = {offsets_.data(), static_cast<std::int64_t>(offsets_.size())};
   if (problem_.return_lse) a.lse = {lse_.data(), static_cast<std::int64_t>(lse_.size())};
   return a;
 }
@@ -291,9 +298,10 @@ double CaseData::lse_error(const cpu::ReferenceResult& ref) const {
 
 double CaseData::flops() const {
   const AttentionProblem& p = normalized_;
-  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::VisibilityRule base_rule{p.causal, *p.causal_offset, p.window.value_or(0)};
   double pairs = 0.0;
   for (std::int64_t b = 0; b < p.batch; ++b) {
+    const core::VisibilityRule rule = base_rule.for_batch(p.has_causal_offsets ? offsets_.data() : nullptr, b);
     const std::int64_t len = p.has_key_lengths ? key_lengths_[static_cast<std::size_t>(b)] : p.k_len;
     for (std::int64_t i = 0; i < p.q_len; ++i) {
       const core::KeyRange r = rule.for_row(i, len);

@@ -60,6 +60,7 @@ class CaseData {
   std::vector<float> mask_;
   std::vector<std::int32_t> key_lengths_;
   std::vector<float> sinks_;
+  std::vector<std::int32_t> offsets_;
   std::vector<float> lse_;
 };
 

@@ -30,7 +30,7 @@ CaseSpec parse_case(const json& j, const std::string& file) {
   const std::string where = file + ": case '" + c.name + "'";
   static const std::vector<std::string> known{
       "name", "batch", "heads", "kv_heads", "q_len", "k_len", "head_dim", "v_head_dim", "layout", "dtypes", "mask",
-      "key_lengths", "causal", "causal_offset", "window", "softcap", "scale", "head_sink", "masked_rows", "lse",
+      "key_lengths", "causal", "causal_offset", "causal_offsets", "window", "softcap", "scale", "head_sink", "masked_rows", "lse",
       "input_std", "tags", "comment"};
   for (const auto& [key, value] : j.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end())
@@ -79,6 +79,7 @@ CaseSpec parse_case(const json& j, const std::string& file) {
   }
   if (j.contains("causal")) c.causal = j.at("causal").get<bool>();
   if (j.contains("causal_offset") && !j.at("causal_offset").is_null()) c.causal_offset = j.at("causal_offset").get<std::int64_t>();
+  if (j.contains("causal_offsets")) c.causal_offsets = j.at("causal_offsets").get<bool>();
   if (j.contains("window") && !j.at("window").is_null()) c.window = j.at("window").get<std::int64_t>();
   if (j.contains("softcap") && !j.at("softcap").is_null()) c.softcap = j.at("softcap").get<float>();
   if (j.contains("scale") && !j.at("scale").is_null()) c.scale = j.at("scale").get<float>();

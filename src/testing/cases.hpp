@@ -41,6 +41,7 @@ struct CaseSpec {
   KeyLengths key_lengths = KeyLengths::None;
   bool causal = false;
   std::optional<std::int64_t> causal_offset;
+  bool causal_offsets = false;  // per-batch offsets, random in [-q_len, k_len]
   std::optional<std::int64_t> window;
   std::optional<float> softcap;
   std::optional<float> scale;

@@ -68,7 +68,7 @@ void UnfusedBlas::run(const AttentionArgs& a) {
   const AttentionProblem& p = p_;
   const std::int64_t Sq = p.q_len, Sk = p.k_len, D = p.head_dim, Dv = p.v_head_dim;
   const std::int64_t group = p.heads / p.kv_heads;
-  const core::VisibilityRule rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::VisibilityRule base_rule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const core::ScoreTransform transform{1.0f, p.softcap.value_or(0.0f)};
   const auto* mask = static_cast<const float*>(a.mask.data);
   const auto* lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
@@ -97,6 +97,7 @@ void UnfusedBlas::run(const AttentionArgs& a) {
                   static_cast<int>(Sk));
     }
     const std::int64_t key_length = p.has_key_lengths ? lengths[b] : Sk;
+    const core::VisibilityRule rule = base_rule.for_batch(static_cast<const std::int32_t*>(a.causal_offsets.data), b);
     std::vector<float> lse_row(static_cast<std::size_t>(Sq));
     for (std::int64_t i = 0; i < Sq; ++i) {
       float* row = s + i * Sk;

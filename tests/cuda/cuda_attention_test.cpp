@@ -34,6 +34,7 @@ class DeviceCase {
     dev_.mask.data = upload(host_.mask.data, host_.mask.elements * 4);
     dev_.key_lengths.data = upload(host_.key_lengths.data, host_.key_lengths.elements * 4);
     dev_.head_sink.data = upload(host_.head_sink.data, host_.head_sink.elements * 4);
+    dev_.causal_offsets.data = upload(host_.causal_offsets.data, host_.causal_offsets.elements * 4);
     dev_.o.data = const_cast<void*>(upload(host_.o.data, host_.o.elements * esize()));
     dev_.lse.data = const_cast<void*>(upload(host_.lse.data, host_.lse.elements * 4));
   }
