@@ -82,6 +82,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
 }
+// 2^x on the special-function unit (relative error ~2^-22, far below float16/bfloat16 rounding); exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
@@ -203,6 +210,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     cp_async_commit();
     const T* kt = ks + buffer * kKeys * D;
     const T* vt = vs + buffer * kKeys * D;
+    // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
+    if (warp * 16 < rows) {
 
     // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys: 8 n-tiles of 8 keys.
     float s[kKeys / 8][4];
@@ -275,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = exp2f(fmaf(s[j][half * 2 + e], kLog2e, -shift));
+        for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
     }
 
     // P (rounded to T) as the A operand; the normaliser sums the rounded values. O += P V.
@@ -303,6 +312,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
       tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 1);
       tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 2);
       row_sum[half] += tile_sum[half];
+    }
     }
     cp_async_wait_all();
     __syncthreads();
