@@ -21,6 +21,20 @@ namespace attnkit {
 // What a query row with no visible key gives: NaN (what softmax over an all -inf row gives) or zeros.
 enum class MaskedRows : std::uint8_t { Nan, Zero };
 
+// How K or V is stored. A quantized cache is read in place and widened one key tile at a time (value =
+// q * scale in float32); it is never dequantized whole. The rules live in src/core/kv_quant.hpp.
+enum class KvType : std::uint8_t {
+  Float,  // problem.dtype
+  Int8,   // one int8 per value
+  Int4,   // signed 4-bit values in [-8, 7], two per byte: byte = ((q[2i] + 8) & 0xF) | ((q[2i+1] + 8) << 4)
+};
+// Which scale a quantized value uses: one float32 for the tensor, or one per (kv head, channel).
+enum class KvQuant : std::uint8_t { None, PerTensor, PerChannel };
+struct KvStorage {
+  KvType type = KvType::Float;
+  KvQuant quant = KvQuant::None;  // None exactly when type is Float
+};
+
 struct AttentionProblem {
   std::int64_t batch = 1;
   std::int64_t heads = 1;
@@ -35,8 +49,13 @@ struct AttentionProblem {
   // Where each tensor's elements live: Q [b, h, i, :], K/V [b, kv_h, j, :], O [b, h, i, :].
   Layout q, k, v, o;
 
-  // Additive float32 mask [b, h, i, j] (row elements j contiguous); -inf hides a key. Broadcast by stride 0.
+  // K and V storage (default: problem.dtype). Layouts of an Int4 tensor count values, two per byte: their
+  // offset and strides must be even, so every row starts on a byte. Its buffer's `elements` counts values too.
+  KvStorage k_storage, v_storage;
+
+  // Additive mask [b, h, i, j] (row elements j contiguous); -inf hides a key. Broadcast by stride 0.
   bool has_mask = false;
+  DType mask_dtype = DType::f32;  // float32, float16 or bfloat16, widened per element
   Layout mask;
   // Per-batch key lengths, int32[batch]: keys at or past length[b] are hidden.
   bool has_key_lengths = false;
@@ -87,7 +106,10 @@ struct MutableBuffer {
 struct AttentionArgs {
   ConstBuffer q, k, v;     // problem.dtype
   MutableBuffer o;         // problem.dtype
-  ConstBuffer mask;        // float32, when problem.has_mask
+  ConstBuffer mask;        // problem.mask_dtype, when problem.has_mask
+  // float32 dequantization scales of a quantized K / V: 1 value (PerTensor), or kv_heads * head_dim (K) /
+  // kv_heads * v_head_dim (V) values indexed kv_head * dim + d (PerChannel).
+  ConstBuffer k_scale, v_scale;
   ConstBuffer key_lengths; // int32[batch], when problem.has_key_lengths
   ConstBuffer head_sink;   // float32[heads], when problem.has_head_sink
   ConstBuffer causal_offsets;  // int32[batch], when problem.has_causal_offsets

@@ -7,7 +7,8 @@
 
 namespace attnkit {
 
-// Storage type of Q, K, V and O. The mask is always float32; accumulation is always float32.
+// Storage type of Q, K, V, O and the mask (K and V may instead be quantized: KvStorage in attention.hpp).
+// Accumulation is always float32.
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
 constexpr std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }

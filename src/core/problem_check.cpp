@@ -1,5 +1,7 @@
 #include "problem_check.hpp"
 
+#include "kv_quant.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -46,22 +48,72 @@ void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t hea
   }
 }
 
-bool bytes_overlap(const void* a, IndexSpan sa, std::size_t ea, const void* b, IndexSpan sb, std::size_t eb) {
+// Byte range [first, last) of a span of `bits`-bit elements (4-bit elements: a partly used byte counts).
+struct ByteRange {
+  std::uintptr_t first, last;
+};
+ByteRange byte_range(const void* base, IndexSpan s, std::int64_t bits) {
+  const auto at = reinterpret_cast<std::uintptr_t>(base);
+  return {at + static_cast<std::uintptr_t>(s.lowest * bits / 8),
+          at + static_cast<std::uintptr_t>(((s.highest + 1) * bits + 7) / 8)};
+}
+
+bool bytes_overlap(const void* a, IndexSpan sa, std::int64_t abits, const void* b, IndexSpan sb, std::int64_t bbits) {
   if (a == nullptr || b == nullptr || sa.empty() || sb.empty()) return false;
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a) + static_cast<std::uintptr_t>(sa.lowest) * ea;
-  const auto a1 = reinterpret_cast<std::uintptr_t>(a) + static_cast<std::uintptr_t>(sa.highest + 1) * ea;
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b) + static_cast<std::uintptr_t>(sb.lowest) * eb;
-  const auto b1 = reinterpret_cast<std::uintptr_t>(b) + static_cast<std::uintptr_t>(sb.highest + 1) * eb;
-  return a0 < b1 && b0 < a1;
+  const ByteRange ra = byte_range(a, sa, abits);
+  const ByteRange rb = byte_range(b, sb, bbits);
+  return ra.first < rb.last && rb.first < ra.last;
 }
 
 struct Region {
   const char* name;
   const void* data;
   IndexSpan span;
-  std::size_t element_bytes;
+  std::int64_t element_bits;
   bool written;
 };
+
+// The rules of a K or V storage: a float type has no quantization, a quantized one names its scales, and an
+// int4 tensor's rows start on whole bytes.
+void check_storage(const KvStorage& s, const Layout& l, const std::string& name) {
+  const std::string field = name + "_storage";
+  require(s.type == KvType::Float || s.type == KvType::Int8 || s.type == KvType::Int4, field + ".type",
+          "must be Float, Int8 or Int4");
+  require(s.quant == KvQuant::None || s.quant == KvQuant::PerTensor || s.quant == KvQuant::PerChannel,
+          field + ".quant", "must be None, PerTensor or PerChannel");
+  if (s.type == KvType::Float) {
+    require(s.quant == KvQuant::None, field + ".quant", "must be None when the type is Float (no scales)");
+    return;
+  }
+  require(s.quant != KvQuant::None, field + ".quant",
+          std::string("must be PerTensor or PerChannel for an ") + kv_type_name(s.type) + " " + name);
+  if (s.type == KvType::Int4) {
+    const std::pair<const char*, std::int64_t> parts[] = {
+        {"offset", l.offset}, {"batch_stride", l.batch_stride}, {"head_stride", l.head_stride},
+        {"row_stride", l.row_stride}};
+    for (const auto& [part, value] : parts) {
+      require(value % 2 == 0, name + "." + part,
+              "must be even for an int4 " + name + " (values are packed two per byte; every row starts on a "
+              "byte), got " + str(value));
+    }
+  }
+}
+
+// A quantized tensor's scales: present, enough of them; none for a float one.
+void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, std::int64_t kv_heads,
+                  std::int64_t dim) {
+  if (quant == KvQuant::None) {
+    require(buffer.data == nullptr, name, "a scale buffer was given but the tensor is not quantized");
+    return;
+  }
+  const std::int64_t need = kv_scale_count(quant, kv_heads, dim);
+  require(buffer.data != nullptr, name, std::string("is null but the tensor is quantized (") +
+                                            (quant == KvQuant::PerTensor ? "per tensor" : "per channel") + ")");
+  require(buffer.elements >= need, name,
+          "holds " + str(buffer.elements) + " scales but " +
+              (quant == KvQuant::PerTensor ? std::string("per-tensor quantization needs 1")
+                                           : "per-channel quantization needs kv_heads * dim = " + str(need)));
+}
 
 void check_buffer(const char* name, const void* data, std::int64_t elements, IndexSpan span) {
   if (span.empty()) return;
@@ -112,6 +164,10 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
     require(*p.window >= 1, "window", "must be >= 1 when set (got " + str(*p.window) + ")");
   }
   require(p.work_budget >= 0, "work_budget", "must be >= 0 (0: never cut)");
+  require(p.mask_dtype == DType::f32 || p.mask_dtype == DType::f16 || p.mask_dtype == DType::bf16, "mask_dtype",
+          "must be float32, float16 or bfloat16");
+  check_storage(p.k_storage, p.k, "k");
+  check_storage(p.v_storage, p.v, "v");
 
   check_layout_signs(p.q, "q");
   check_layout_signs(p.k, "k");
@@ -129,7 +185,10 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
 
 void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t scratch_needed,
                 bool host_key_lengths) {
-  const std::size_t es = dtype_size(p.dtype);
+  const std::int64_t bits = static_cast<std::int64_t>(dtype_size(p.dtype)) * 8;
+  const std::int64_t k_bits = kv_value_bits(p.k_storage.type, p.dtype);
+  const std::int64_t v_bits = kv_value_bits(p.v_storage.type, p.dtype);
+  const std::int64_t mask_bits = static_cast<std::int64_t>(dtype_size(p.mask_dtype)) * 8;
   const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim);
   const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim);
   const IndexSpan v = index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim);
@@ -139,12 +198,18 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const IndexSpan lengths = p.has_key_lengths && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
   const IndexSpan sink = p.has_head_sink ? IndexSpan{0, p.heads - 1} : IndexSpan{};
   const IndexSpan offsets = p.has_causal_offsets && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
+  const std::int64_t k_scales = kv_scale_count(p.k_storage.quant, p.kv_heads, p.head_dim);
+  const std::int64_t v_scales = kv_scale_count(p.v_storage.quant, p.kv_heads, p.v_head_dim);
+  const IndexSpan k_scale = k_scales > 0 ? IndexSpan{0, k_scales - 1} : IndexSpan{};
+  const IndexSpan v_scale = v_scales > 0 ? IndexSpan{0, v_scales - 1} : IndexSpan{};
 
   check_buffer("q", a.q.data, a.q.elements, q);
   // K and V are read only for rows that have queries.
   check_buffer("k", a.k.data, a.k.elements, p.q_len > 0 ? k : IndexSpan{});
   check_buffer("v", a.v.data, a.v.elements, p.q_len > 0 ? v : IndexSpan{});
   check_buffer("o", a.o.data, a.o.elements, o);
+  check_scales("k_scale", a.k_scale, p.k_storage.quant, p.kv_heads, p.head_dim);
+  check_scales("v_scale", a.v_scale, p.v_storage.quant, p.kv_heads, p.v_head_dim);
   require(p.has_mask || a.mask.data == nullptr, "mask", "a mask buffer was given but problem.has_mask is false");
   check_buffer("mask", a.mask.data, a.mask.elements, mask);
   require(p.has_key_lengths || a.key_lengths.data == nullptr, "key_lengths",
@@ -175,17 +240,19 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0
                                 ? IndexSpan{0, static_cast<std::int64_t>(scratch_needed) - 1}
                                 : IndexSpan{};
-  const std::array<Region, 10> regions{
-      Region{"q", a.q.data, q, es, false},
-      Region{"k", a.k.data, k, es, false},
-      Region{"v", a.v.data, v, es, false},
-      Region{"mask", a.mask.data, mask, 4, false},
-      Region{"key_lengths", a.key_lengths.data, lengths, 4, false},
-      Region{"head_sink", a.head_sink.data, sink, 4, false},
-      Region{"causal_offsets", a.causal_offsets.data, offsets, 4, false},
-      Region{"o", a.o.data, o, es, true},
-      Region{"lse", a.lse.data, lse, 4, true},
-      Region{"scratch", a.scratch, scratch, 1, true},
+  const std::array<Region, 12> regions{
+      Region{"q", a.q.data, q, bits, false},
+      Region{"k", a.k.data, k, k_bits, false},
+      Region{"v", a.v.data, v, v_bits, false},
+      Region{"mask", a.mask.data, mask, mask_bits, false},
+      Region{"key_lengths", a.key_lengths.data, lengths, 32, false},
+      Region{"head_sink", a.head_sink.data, sink, 32, false},
+      Region{"causal_offsets", a.causal_offsets.data, offsets, 32, false},
+      Region{"k_scale", a.k_scale.data, k_scale, 32, false},
+      Region{"v_scale", a.v_scale.data, v_scale, 32, false},
+      Region{"o", a.o.data, o, bits, true},
+      Region{"lse", a.lse.data, lse, 32, true},
+      Region{"scratch", a.scratch, scratch, 8, true},
   };
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (!regions[i].written) continue;
@@ -193,7 +260,7 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
       if (i == j || (regions[j].written && j < i)) continue;
       const Region& w = regions[i];
       const Region& r = regions[j];
-      require(!bytes_overlap(w.data, w.span, w.element_bytes, r.data, r.span, r.element_bytes), w.name,
+      require(!bytes_overlap(w.data, w.span, w.element_bits, r.data, r.span, r.element_bits), w.name,
               std::string("must not overlap ") + r.name + " (an output may not alias any other buffer of the call)");
     }
   }

@@ -6,8 +6,19 @@
 #include "portable.hpp"
 
 #include <cstdint>
+#include <limits>
 
 namespace attnkit::core {
+
+// a + b, saturated at the int64 limits: an offset or window may be any int64 a caller passes (INT64_MAX for
+// "every key", say), and row + offset must not overflow.
+ATTNKIT_HD std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  if (b > 0 && a > kMax - b) return kMax;
+  if (b < 0 && a < kMin - b) return kMin;
+  return a + b;
+}
 
 // Visible keys of one row: [begin, end). Empty when end <= begin.
 struct KeyRange {
@@ -34,9 +45,12 @@ struct VisibilityRule {
     std::int64_t begin = 0;
     std::int64_t end = key_length;
     if (causal) {
-      const std::int64_t limit = row + causal_offset;  // last visible key
-      if (limit + 1 < end) end = limit + 1;
-      if (window > 0 && limit + 1 - window > begin) begin = limit + 1 - window;
+      const std::int64_t limit = saturating_add(row, causal_offset);  // last visible key
+      if (limit < end - 1) end = limit + 1;
+      if (window > 0) {
+        const std::int64_t first = saturating_add(limit, 1 - window);  // 1 - window cannot overflow: window >= 1
+        if (first > begin) begin = first;
+      }
     }
     if (end < begin) end = begin;
     return {begin, end};

@@ -1,5 +1,6 @@
 #include "reference.hpp"
 
+#include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
@@ -15,7 +16,8 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
   const core::VisibilityRule base_rule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const core::ScoreTransform transform{*p.scale, p.softcap.value_or(0.0f)};
   const auto* key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
-  const auto* mask = static_cast<const float*>(a.mask.data);
+  const auto* k_scales = static_cast<const float*>(a.k_scale.data);
+  const auto* v_scales = static_cast<const float*>(a.v_scale.data);
   const auto* sinks = static_cast<const float*>(a.head_sink.data);
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -39,10 +41,11 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
           double dot = 0.0;
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             dot += static_cast<double>(load_as_float(a.q.data, p.dtype, p.q.index(b, h, i) + d)) *
-                   static_cast<double>(load_as_float(a.k.data, p.dtype, p.k.index(b, kvh, j) + d));
+                   static_cast<double>(core::load_kv(a.k.data, p.k_storage, p.dtype, p.k.index(b, kvh, j) + d,
+                                                     k_scales, kvh, p.head_dim, d));
           }
           double s = transform.apply(dot);
-          if (p.has_mask) s += static_cast<double>(mask[p.mask.index(b, h, i) + j]);
+          if (p.has_mask) s += static_cast<double>(load_as_float(a.mask.data, p.mask_dtype, p.mask.index(b, h, i) + j));
           if (std::isnan(s) || s == kInf) poisoned = true;
           scores[static_cast<std::size_t>(j - range.begin)] = s;
           if (s > max) max = s;
@@ -77,7 +80,8 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
           if (w == 0.0) continue;  // a hidden key has weight exactly 0: its V is never read
           const std::int64_t vrow = p.v.index(b, kvh, range.begin + j);
           for (std::int64_t d = 0; d < dv; ++d) {
-            out[d] += w * static_cast<double>(load_as_float(a.v.data, p.dtype, vrow + d));
+            out[d] += w * static_cast<double>(core::load_kv(a.v.data, p.v_storage, p.dtype, vrow + d, v_scales, kvh,
+                                                            dv, d));
           }
         }
         lse = max + std::log(denominator);

@@ -107,6 +107,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.kbuf = take<float>(base, off, kKeyTile * head_dim);
   w.vbuf = take<float>(base, off, kKeyTile * v_head_dim);
   w.row = take<float>(base, off, std::max(head_dim, v_head_dim));
+  w.mrow = take<float>(base, off, kKeyTile);
   w.krow = take<const float*>(base, off, kKeyTile);
   w.vrow = take<const float*>(base, off, kKeyTile);
   if (ws != nullptr) *ws = w;

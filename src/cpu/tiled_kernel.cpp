@@ -8,6 +8,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
@@ -58,6 +59,70 @@ void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst
     for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(db, s + i)), df, dst + i);
   }
   for (; i < n; ++i) dst[i] = load_as_float(src, t, i);
+}
+
+// Widens row `index` (in values) of a K or V buffer into `dst`: a float type as widen_row does, a quantized one
+// dequantized (q * scale in float32, the product every reader of the format computes: core/kv_quant.hpp).
+// `scales` is the row's kv head's first channel scale (per channel) or the tensor's one scale.
+void widen_kv_row(const void* base, std::int64_t index, KvStorage storage, DType t, std::int64_t n,
+                  const float* HWY_RESTRICT scales, float* HWY_RESTRICT dst) {
+  if (storage.type == KvType::Float) {
+    widen_row(static_cast<const char*>(base) + index * static_cast<std::int64_t>(dtype_size(t)), t, n, dst);
+    return;
+  }
+  const DF df;
+  const DI di;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  const bool per_channel = storage.quant == KvQuant::PerChannel;
+  const VF tensor_scale = hn::Set(df, scales[0]);
+  std::int64_t i = 0;
+  if (storage.type == KvType::Int8) {
+    const hn::Rebind<std::int8_t, DF> d8;
+    const auto* q = static_cast<const std::int8_t*>(base) + index;
+    for (; i + lanes <= n; i += lanes) {
+      const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, q + i)));
+      hn::StoreU(hn::Mul(x, per_channel ? hn::LoadU(df, scales + i) : tensor_scale), df, dst + i);
+    }
+    for (; i < n; ++i) dst[i] = core::dequantize_value(q[i], per_channel ? scales[i] : scales[0]);
+    return;
+  }
+  // Int4: `lanes` bytes hold 2 * lanes values; the low nibbles are the even values, the high ones the odd.
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const auto* bytes = static_cast<const std::uint8_t*>(base) + index / 2;
+  const auto nibble = hn::Set(di, 0xF);
+  const auto bias = hn::Set(di, core::kInt4Bias);
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const auto x = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(), hn::LoadU(du8, bytes + i / 2)));
+    VF even = hn::ConvertTo(df, hn::Sub(hn::And(x, nibble), bias));
+    VF odd = hn::ConvertTo(df, hn::Sub(hn::ShiftRight<4>(x), bias));
+    if (per_channel) {
+      VF s_even, s_odd;
+      hn::LoadInterleaved2(df, scales + i, s_even, s_odd);
+      even = hn::Mul(even, s_even);
+      odd = hn::Mul(odd, s_odd);
+    } else {
+      even = hn::Mul(even, tensor_scale);
+      odd = hn::Mul(odd, tensor_scale);
+    }
+    hn::StoreInterleaved2(even, odd, df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = core::dequantize_value(core::int4_at(bytes, i), per_channel ? scales[i] : scales[0]);
+}
+
+// Where the K or V scales of kv head `kvh` start (null for a float tensor).
+const float* kv_head_scales(const ConstBuffer& scales, KvStorage storage, std::int64_t kvh, std::int64_t dim) {
+  if (storage.type == KvType::Float) return nullptr;
+  const auto* s = static_cast<const float*>(scales.data);
+  return storage.quant == KvQuant::PerChannel ? s + kvh * dim : s;
+}
+
+// `n` mask values from element `index` as float32: in place for a float32 mask, else widened into `buf`.
+const float* mask_values(const AttentionProblem& p, const AttentionArgs& a, std::int64_t index, std::int64_t n,
+                         float* HWY_RESTRICT buf) {
+  if (p.mask_dtype == DType::f32) return static_cast<const float*>(a.mask.data) + index;
+  widen_row(static_cast<const char*>(a.mask.data) + index * static_cast<std::int64_t>(dtype_size(p.mask_dtype)),
+            p.mask_dtype, n, buf);
+  return buf;
 }
 
 // Rounds `n` floats to type `t` (nearest even) into `dst`.
@@ -131,6 +196,25 @@ HWY_INLINE void value_step(const float* HWY_RESTRICT pt, std::int64_t tile_len, 
     for (int m = 0; m < MD; ++m) {
       const VF vb = hn::Set(df, v[m]);
       for (int n = 0; n < NV; ++n) acc[m][n] = hn::MulAdd(vb, p[n], acc[m][n]);
+    }
+  }
+  // 0 * inf is NaN: a key hidden from one row (weight 0) but visible to another, whose V holds inf or NaN,
+  // would poison the row that cannot see it. Rare, so check the sums and redo this block with guarded products.
+  const VF inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  auto finite = hn::Lt(hn::Abs(acc[0][0]), inf);
+  for (int m = 0; m < MD; ++m)
+    for (int n = 0; n < NV; ++n) finite = hn::And(finite, hn::Lt(hn::Abs(acc[m][n]), inf));
+  if (!hn::AllTrue(df, finite)) {
+    for (int m = 0; m < MD; ++m)
+      for (int n = 0; n < NV; ++n) acc[m][n] = hn::Zero(df);
+    for (std::int64_t j = 0; j < tile_len; ++j) {
+      for (int n = 0; n < NV; ++n) {
+        const VF p = hn::Load(df, pt + j * kRowBlock + (v0 + n) * L);
+        const auto seen = hn::Ne(p, hn::Zero(df));
+        // Same fused multiply-add as the fast path where the weight is nonzero (identical bits), acc where it is 0.
+        for (int m = 0; m < MD; ++m)
+          acc[m][n] = hn::MulAdd(hn::IfThenElseZero(seen, hn::Set(df, vrow[j][d0 + m])), p, acc[m][n]);
+      }
     }
   }
   for (int n = 0; n < NV; ++n) {
@@ -285,10 +369,13 @@ void run_item(const ItemJob& job) {
   const VF cap = hn::Set(df, softcap);
   const VF exp_floor = hn::Set(df, kExpFloor);
   const VF one = hn::Set(df, 1.0f);
-  const auto* mask = static_cast<const float*>(a.mask.data);
   // A mask that is the same for every row of this item (a key-padding mask) is added as a broadcast.
   const bool mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
-  const std::size_t es = dtype_size(p.dtype);
+  // K and V rows are read in place when they are float32; otherwise widened (or dequantized) per tile.
+  const bool k_in_place = p.dtype == DType::f32 && p.k_storage.type == KvType::Float;
+  const bool v_in_place = p.dtype == DType::f32 && p.v_storage.type == KvType::Float;
+  const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
+  const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
 
   const std::int64_t first_tile = union_begin < union_end ? union_begin / kKeyTile * kKeyTile : union_end;
   for (std::int64_t t0 = first_tile; t0 < union_end; t0 += kKeyTile) {
@@ -301,15 +388,16 @@ void run_item(const ItemJob& job) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t krow = p.k.index(job.b, job.kvh, k0 + j);
       const std::int64_t vrow = p.v.index(job.b, job.kvh, k0 + j);
-      if (p.dtype == DType::f32) {
+      if (k_in_place) {
         w.krow[j] = static_cast<const float*>(a.k.data) + krow;
+      } else {
+        widen_kv_row(a.k.data, krow, p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
+        w.krow[j] = w.kbuf + j * dim;
+      }
+      if (v_in_place) {
         w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
       } else {
-        widen_row(static_cast<const char*>(a.k.data) + krow * static_cast<std::int64_t>(es), p.dtype, dim,
-                  w.kbuf + j * dim);
-        widen_row(static_cast<const char*>(a.v.data) + vrow * static_cast<std::int64_t>(es), p.dtype, dv,
-                  w.vbuf + j * dv);
-        w.krow[j] = w.kbuf + j * dim;
+        widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
         w.vrow[j] = w.vbuf + j * dv;
       }
     }
@@ -328,11 +416,11 @@ void run_item(const ItemJob& job) {
         }
       }
       for (std::int64_t r = 0; r < rows; ++r) {
-        const float* m = mask + p.mask.index(job.b, w.head[r], w.query[r]) + k0;
+        const float* m = mask_values(p, a, p.mask.index(job.b, w.head[r], w.query[r]) + k0, n, w.mrow);
         for (std::int64_t j = 0; j < n; ++j) w.st[j * kRowBlock + r] += m[j];
       }
     }
-    const float* key_mask = mask_per_key ? mask + p.mask.index(job.b, w.head[0], 0) + k0 : nullptr;
+    const float* key_mask = mask_per_key ? mask_values(p, a, p.mask.index(job.b, w.head[0], 0) + k0, n, w.mrow) : nullptr;
 
     for (std::size_t v = 0; v < nvec; ++v) {
       const auto lane_begin = hn::Load(di, w.begin + v * L);

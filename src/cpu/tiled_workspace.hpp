@@ -26,6 +26,7 @@ struct Workspace {
   float* kbuf;          // [kKeyTile][head_dim]: widened K rows (float16 / bfloat16 inputs)
   float* vbuf;          // [kKeyTile][v_head_dim]: widened V rows
   float* row;           // [max(head_dim, v_head_dim)]: one widened or finished row
+  float* mrow;          // [kKeyTile]: one tile of a mask row widened from float16 / bfloat16
   const float** krow;   // [kKeyTile] where each key's float32 row is
   const float** vrow;   // [kKeyTile]
 };

@@ -356,9 +356,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 template <class T, int D>
 void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
   const std::size_t smem = mma_smem_bytes(D);
-  auto kernel = attention_mma_kernel<T, D>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  allow_max_dynamic_smem<attention_mma_kernel<T, D>>();
+  attention_mma_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
 }
 
 }  // namespace

@@ -194,6 +194,28 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
 #pragma unroll
           for (int b = 0; b < 8; ++b) acc[a][b] = fmaf(pv[a], vv[b], acc[a][b]);
       }
+      // 0 * inf is NaN: a key hidden from this row (weight 0) whose V holds inf or NaN must not reach it. Rare:
+      // check the tile's sums and redo them with guarded products.
+      bool finite = true;
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 8; ++b) finite &= fabsf(acc[a][b]) < INFINITY;
+      if (!finite) {
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 8; ++b) acc[a][b] = 0.0f;
+        for (int j = 0; j < n; ++j) {
+#pragma unroll
+          for (int a = 0; a < 4; ++a) {
+            const float pj = pt[j * kRowPad + 4 * ty + a];
+            if (pj == 0.0f) continue;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) acc[a][b] = fmaf(pj, vs[j * L.v_stride + c0 + 8 * tx + b], acc[a][b]);
+          }
+        }
+      }
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -238,15 +260,17 @@ std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim) {
   return static_cast<std::size_t>(smem_layout(head_dim, v_head_dim).total) * sizeof(float);
 }
 
+template <class T>
+void launch_typed(const KernelParams& p, std::int64_t blocks, std::size_t smem, cudaStream_t stream) {
+  allow_max_dynamic_smem<attention_simt_kernel<T>>();
+  attention_simt_kernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+}
+
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream) {
-  auto launch = [&](auto kernel) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-  };
   switch (dtype) {
-    case DType::f32: launch(attention_simt_kernel<float>); break;
-    case DType::f16: launch(attention_simt_kernel<__half>); break;
-    case DType::bf16: launch(attention_simt_kernel<__nv_bfloat16>); break;
+    case DType::f32: launch_typed<float>(p, blocks, smem, stream); break;
+    case DType::f16: launch_typed<__half>(p, blocks, smem, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(p, blocks, smem, stream); break;
   }
 }
 

@@ -10,6 +10,20 @@
 
 namespace attnkit::cuda {
 
+// Lets `Kernel` use all the shared memory a block may opt into. Once per kernel (a driver call per launch costs
+// host time, and this one is safe during CUDA-graph capture either way).
+template <auto Kernel>
+void allow_max_dynamic_smem() {
+  static const bool done = [] {
+    int device = 0, optin = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    return true;
+  }();
+  (void)done;
+}
+
 // attention_simt.cu: 64 rows per block, any dtype and head dim.
 std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);

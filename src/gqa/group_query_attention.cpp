@@ -1,0 +1,298 @@
+// The GQA op: the composition of its units (see gqa.hpp and docs/gqa.md).
+//
+//   plan_call         every rule checked, the call resolved (gqa_check.cpp)
+//   core problems     built and checked too, before anything is written
+//   Q prep            RMS norm, rotary -> Q' in scratch, the query's type (skipped when neither is on: the
+//                     core then reads the query, packed or not, in place)
+//   K/V append        the same prep on the new K rows, then each (batch entry, kv head) appended to its cache,
+//                     quantized as it is written (kv_cache.cpp)
+//   attention         the core (Attention) reading Q' and the present caches in place: key lengths, per-batch
+//                     causal offsets, window, softcap, bias as its mask, sinks
+//   output_qk         optional, from the same core problem (output_qk.cpp)
+#include <attnkit/gqa.hpp>
+
+#include "../core/kv_quant.hpp"
+#include "../core/problem_check.hpp"
+#include "gqa_plan.hpp"
+#include "output_qk.hpp"
+#include "qk_norm.hpp"
+#include "rotary.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace attnkit {
+namespace {
+
+constexpr std::size_t kScratchAlign = 64;  // the core requires caller scratch aligned to 64 bytes
+constexpr std::int64_t kMaxHeadSize = 256;
+
+// A byte buffer that only grows, handing out a 64-byte aligned start.
+struct AlignedScratch {
+  std::vector<std::byte> bytes;
+  std::byte* get(std::size_t size) {
+    if (bytes.size() < size + kScratchAlign) bytes.resize(size + kScratchAlign);
+    const auto at = reinterpret_cast<std::uintptr_t>(bytes.data());
+    return bytes.data() + (kScratchAlign - at % kScratchAlign) % kScratchAlign;
+  }
+};
+
+std::string step_name(const gqa::GqaPlan& g) {
+  if (g.first_prompt) return "first prompt (S=" + std::to_string(g.seq) + ")";
+  if (g.seq == 1) return "decode";
+  return "prompt chunk (S=" + std::to_string(g.seq) + ")";
+}
+
+std::string cache_name(const gqa::CacheFormat& f) {
+  std::string s = f.storage.type == KvType::Float ? std::string(dtype_name(f.dtype))
+                                                  : (f.storage.type == KvType::Int8 ? "int8" : "int4");
+  if (f.storage.quant == KvQuant::PerTensor) s += " per-tensor";
+  if (f.storage.quant == KvQuant::PerChannel) s += " per-channel";
+  return s;
+}
+
+// Widens head row `index` of a token buffer, then applies the RMS norm and rotary when on. The result is
+// rounded to the query's type: Q' and the new K rows are tensors of that type (what a quantized cache
+// quantizes, and what ONNX Runtime's rotary writes).
+void prepare_row(const gqa::GqaPlan& g, const void* base, std::int64_t index, const void* norm_weight,
+                 std::int64_t position, float* row) {
+  for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = load_as_float(base, g.dtype, index + d);
+  if (g.qk_norm) gqa::rms_norm_row(row, g.head_size, norm_weight, g.dtype, g.norm_epsilon);
+  if (g.rotary) {
+    gqa::rotate_row(row, gqa::RotaryTables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved},
+                    position);
+  }
+  for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = round_to(g.dtype, row[d]);
+}
+
+}  // namespace
+
+struct GroupQueryAttention::Impl {
+  GqaAttributes attributes;
+  gqa::GqaSettings settings;
+  GqaConfig config;
+  AlignedScratch q_scratch;
+  AlignedScratch core_scratch;
+  std::vector<std::int32_t> key_rows, offsets, first;
+  std::vector<float> sinks;
+  std::string last = "not run";
+
+  // One call of the attention core (several when a window cache with a bias needs per-batch mask offsets).
+  struct CoreCall {
+    AttentionProblem problem;  // normalised
+    AttentionArgs args;
+    std::int64_t batch_offset = 0;  // first batch entry it covers
+  };
+
+  void run(const GqaInputs& in, const GqaOutputs& out);
+  std::vector<CoreCall> core_calls(const gqa::GqaPlan& g, const void* q, std::int64_t q_elements, bool q_prepared);
+};
+
+std::vector<GroupQueryAttention::Impl::CoreCall> GroupQueryAttention::Impl::core_calls(const gqa::GqaPlan& g,
+                                                                                      const void* q,
+                                                                                      std::int64_t q_elements,
+                                                                                      bool q_prepared) {
+  const std::int64_t B = g.batch;
+  key_rows.resize(static_cast<std::size_t>(B));
+  offsets.resize(static_cast<std::size_t>(B));
+  first.resize(static_cast<std::size_t>(B));
+  std::int32_t max_rows = 0;
+  bool evicted = false;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const gqa::BatchPlan& r = g.rows[static_cast<std::size_t>(b)];
+    key_rows[static_cast<std::size_t>(b)] = r.key_rows;
+    offsets[static_cast<std::size_t>(b)] = r.past - r.first;  // query i sits at cache row past - first + i
+    first[static_cast<std::size_t>(b)] = r.first;
+    max_rows = std::max(max_rows, r.key_rows);
+    evicted |= r.first > 0;
+  }
+  sinks.clear();
+  if (g.sink == gqa::SinkMode::HeadSink) {
+    for (std::int64_t h = 0; h < g.heads; ++h) sinks.push_back(load_as_float(g.head_sink, g.dtype, h));
+  } else if (g.sink == gqa::SinkMode::Smooth) {
+    sinks.assign(static_cast<std::size_t>(g.heads), 0.0f);  // smooth softmax: a zero logit in every denominator
+  }
+
+  AttentionProblem p;
+  p.batch = B;
+  p.heads = g.heads;
+  p.kv_heads = g.kv_heads;
+  p.q_len = g.seq;
+  p.k_len = max_rows;
+  p.head_dim = g.head_size;
+  p.scale = g.scale;
+  p.dtype = g.dtype;
+  p.q = q_prepared ? Layout::positions_first(g.heads, g.seq, g.head_size) : g.q_in;
+  p.k = g.present_key.layout();
+  p.v = g.present_value.layout();
+  p.o = Layout::positions_first(g.heads, g.seq, g.head_size);
+  p.k_storage = g.present_key.format.storage;
+  p.v_storage = g.present_value.format.storage;
+  p.has_key_lengths = true;
+  p.causal = g.causal;
+  p.has_causal_offsets = g.causal;
+  if (g.window > 0) p.window = g.window + 1;
+  if (g.softcap > 0.0f) p.softcap = g.softcap;
+  p.has_head_sink = g.sink != gqa::SinkMode::None;
+  // A row can see no key only when a -inf bias hides them all, or in a padded prompt row past its window:
+  // such a row gives zeros (finite, meaningless), not NaN.
+  p.masked_rows = MaskedRows::Zero;
+  if (g.bias != nullptr) {
+    p.has_mask = true;
+    p.mask_dtype = g.dtype;
+    p.mask = Layout::mask(g.bias_batch, g.bias_heads, g.seq, g.total);
+  }
+
+  AttentionArgs a;
+  a.q = {q, q_elements};
+  const auto cache_values = [&](const gqa::CacheTensor& c) { return B * c.kv_heads * c.capacity * c.format.row_values(); };
+  a.k = {g.present_key.data, cache_values(g.present_key)};
+  a.v = {g.present_value.data, cache_values(g.present_value)};
+  a.o = {g.output, B * g.seq * g.heads * g.head_size};
+  if (g.bias != nullptr) a.mask = {g.bias, g.bias_batch * g.bias_heads * g.seq * g.total};
+  a.key_lengths = {key_rows.data(), B};
+  if (g.causal) a.causal_offsets = {offsets.data(), B};
+  if (p.has_head_sink) a.head_sink = {sinks.data(), g.heads};
+  const auto scales = [&](const gqa::CacheTensor& c) {
+    return ConstBuffer{c.scales, core::kv_scale_count(c.format.storage.quant, c.kv_heads, c.format.head_size)};
+  };
+  if (p.k_storage.type != KvType::Float) a.k_scale = scales(g.present_key);
+  if (p.v_storage.type != KvType::Float) a.v_scale = scales(g.present_value);
+
+  // A window cache that has evicted rows holds token first + r in row r, and the bias is indexed by token:
+  // the offset differs per batch entry, which one layout cannot say, so such a call runs per batch entry.
+  std::vector<CoreCall> calls;
+  if (!(g.bias != nullptr && evicted)) {
+    calls.push_back({core::normalize_and_check(p), a, 0});
+    return calls;
+  }
+  for (std::int64_t b = 0; b < B; ++b) {
+    AttentionProblem pb = p;
+    pb.batch = 1;
+    pb.k_len = key_rows[static_cast<std::size_t>(b)];
+    pb.q.offset += b * p.q.batch_stride;
+    pb.k.offset += b * p.k.batch_stride;
+    pb.v.offset += b * p.v.batch_stride;
+    pb.o.offset += b * p.o.batch_stride;
+    pb.mask.offset += b * p.mask.batch_stride + first[static_cast<std::size_t>(b)];
+    AttentionArgs ab = a;
+    ab.key_lengths = {key_rows.data() + b, 1};
+    if (g.causal) ab.causal_offsets = {offsets.data() + b, 1};
+    calls.push_back({core::normalize_and_check(pb), ab, b});
+  }
+  return calls;
+}
+
+void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) {
+  const gqa::GqaPlan g = gqa::plan_call(settings, in, out);
+  const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
+  const bool prepare_q = g.qk_norm || g.rotary;
+  const std::size_t es = dtype_size(g.dtype);
+  const std::int64_t q_elements = prepare_q ? g.batch * g.seq * g.heads * g.head_size : in.query.elements();
+  std::byte* q_prepared = prepare_q ? q_scratch.get(static_cast<std::size_t>(q_elements) * es) : nullptr;
+
+  // Plan and check every core call before writing anything: the core's own checks cannot fail after the
+  // caches have been appended.
+  std::vector<CoreCall> calls = core_calls(g, prepare_q ? q_prepared : g.query, q_elements, prepare_q);
+  const AttentionConfig core_config{config.backend == Backend::Reference ? Backend::Reference : Backend::Cpu,
+                                    config.threads};
+  std::vector<Attention> ops;
+  std::size_t scratch_bytes = 0;
+  for (const CoreCall& c : calls) {
+    ops.emplace_back(c.problem, core_config);
+    scratch_bytes = std::max(scratch_bytes, ops.back().scratch_bytes());
+  }
+  std::byte* scratch = scratch_bytes > 0 ? core_scratch.get(scratch_bytes) : nullptr;
+  for (CoreCall& c : calls) {
+    c.args.scratch = scratch;
+    c.args.scratch_bytes = scratch_bytes;
+    core::check_args(c.problem, c.args, scratch_bytes);
+  }
+
+  // Q': norm and rotary, in the query's type, positions-first.
+  if (prepare_q) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t bs = 0; bs < g.batch * g.seq; ++bs) {
+      const std::int64_t b = bs / g.seq;
+      const std::int64_t s = bs % g.seq;
+      float row[kMaxHeadSize];
+      for (std::int64_t h = 0; h < g.heads; ++h) {
+        prepare_row(g, g.query, g.q_in.index(b, h, s), g.q_norm_weight, g.position(b, s), row);
+        const std::int64_t at = ((b * g.seq + s) * g.heads + h) * g.head_size;
+        for (std::int64_t d = 0; d < g.head_size; ++d) store_from_float(q_prepared, g.dtype, at + d, row[d]);
+      }
+    }
+  }
+
+  // The caches: every (batch entry, kv head) independently, K rows prepared like Q, V rows as given.
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (std::int64_t bh = 0; bh < g.batch * g.kv_heads; ++bh) {
+    const std::int64_t b = bh / g.kv_heads;
+    const std::int64_t h = bh % g.kv_heads;
+    const gqa::BatchPlan& r = g.rows[static_cast<std::size_t>(b)];
+    const gqa::HeadAppend rows{r.past_rows, r.drop, r.write_row, g.seq};
+    float row[kMaxHeadSize];
+    const gqa::CacheTensor* past_k = g.has_past ? &g.past_key : nullptr;
+    const gqa::CacheTensor* past_v = g.has_past ? &g.past_value : nullptr;
+    gqa::append_head(past_k, g.present_key, g.shared, rows, b, h,
+                     [&](std::int64_t s, float* x) {
+                       prepare_row(g, g.key, g.k_in.index(b, h, s), g.k_norm_weight, g.position(b, s), x);
+                     },
+                     row);
+    gqa::append_head(past_v, g.present_value, g.shared, rows, b, h,
+                     [&](std::int64_t s, float* x) {
+                       const std::int64_t at = g.v_in.index(b, h, s);
+                       for (std::int64_t d = 0; d < g.head_size; ++d) x[d] = load_as_float(g.value, g.dtype, at + d);
+                     },
+                     row);
+  }
+
+  for (std::size_t i = 0; i < calls.size(); ++i) ops[i].run(calls[i].args);
+
+  if (g.qk_output != gqa::QkOutput::None) {
+    for (const CoreCall& c : calls) {
+      const std::int64_t row_block = g.heads * g.seq * g.total * static_cast<std::int64_t>(es);
+      gqa::write_output_qk(c.problem, c.args, g.qk_output == gqa::QkOutput::AfterSoftmax,
+                           first.data() + c.batch_offset, g.total,
+                           static_cast<std::byte*>(g.output_qk) + c.batch_offset * row_block, g.dtype, threads);
+    }
+  }
+
+  last = "gqa " + step_name(g) + ", " + (g.sliding ? "window cache" : g.shared ? "shared cache" : "separate caches") +
+         " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
+         (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
+         std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + ops.front().describe();
+}
+
+GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const GqaConfig& config)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->attributes = attributes;
+  impl_->settings = gqa::check_attributes(attributes);
+  if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  if (config.backend == Backend::Cuda) {
+    throw Error("config.backend", "GroupQueryAttention runs on the CPU (Cpu or Reference), not on CUDA");
+  }
+  impl_->config = config;
+}
+
+GroupQueryAttention::~GroupQueryAttention() = default;
+GroupQueryAttention::GroupQueryAttention(GroupQueryAttention&&) noexcept = default;
+GroupQueryAttention& GroupQueryAttention::operator=(GroupQueryAttention&&) noexcept = default;
+
+const GqaAttributes& GroupQueryAttention::attributes() const { return impl_->attributes; }
+void GroupQueryAttention::run(const GqaInputs& inputs, const GqaOutputs& outputs) { impl_->run(inputs, outputs); }
+std::string GroupQueryAttention::describe() const { return impl_->last; }
+
+void group_query_attention(const GqaAttributes& attributes, const GqaInputs& inputs, const GqaOutputs& outputs,
+                           const GqaConfig& config) {
+  GroupQueryAttention(attributes, config).run(inputs, outputs);
+}
+
+std::array<GqaOutputSpec, GqaOutputs::kCount> gqa_output_specs(const GqaAttributes& attributes,
+                                                               const GqaInputs& inputs) {
+  return gqa::output_specs(gqa::check_attributes(attributes), inputs);
+}
+
+}  // namespace attnkit
