@@ -11,7 +11,7 @@ Run (on a GPU machine, with attnkit installed or on PYTHONPATH):
 import argparse
 import datetime
 import math
-import platform
+import os
 import subprocess
 import sys
 
@@ -115,7 +115,7 @@ def main():
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     dev = torch.cuda.get_device_name()
     header = (f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC | {dev} | driver "
-              f"{torch.cuda.get_device_properties(0).name} | torch {torch.__version__} | cuDNN "
+              f"{driver_version()} | torch {torch.__version__} | cuDNN "
               f"{torch.backends.cudnn.version()} | attnkit {attnkit.__version__} | commit {git_commit()} | "
               f"timing: CUDA-graph replay median (rep {rep} ms) | command: {' '.join(sys.argv)}")
     print(header, flush=True)
@@ -162,9 +162,20 @@ def main():
 
 
 def git_commit():
+    """The commit measured: ATTNKIT_COMMIT (scripts/gpu-check passes the bundle's), else git, else unknown."""
+    if os.environ.get("ATTNKIT_COMMIT"):
+        return os.environ["ATTNKIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def driver_version():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
     except Exception:
         return "unknown"
 

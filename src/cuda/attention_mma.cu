@@ -82,13 +82,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
 }
-// 2^x on the special-function unit (relative error ~2^-22, far below float16/bfloat16 rounding); exp2(-inf) = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 

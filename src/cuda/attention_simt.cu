@@ -22,6 +22,7 @@ constexpr int kThreads = 128;
 constexpr int kColChunk = 64;                 // output columns per P·V pass
 constexpr int kRowPad = kRows + 4;            // shared row length of Qᵀ and Pᵀ (float4-aligned, fewer conflicts)
 constexpr int kKeyPad = kKeys + 4;            // shared row length of Kᵀ
+constexpr float kLog2e = 1.4426950408889634f;
 
 __host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
@@ -107,6 +108,16 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
   }
   __syncthreads();
 
+  // Keys every row of the block sees: tiles inside [all_begin, all_end) need no per-element visibility test.
+  int all_begin = 0, all_end = 0x7fffffff;
+  for (int r = 0; r < rows; ++r) {
+    all_begin = max(all_begin, row_begin[r]);
+    all_end = min(all_end, row_end[r]);
+  }
+  const float scale = p.transform.scale;
+  const float softcap = p.transform.softcap;
+  const float scale_over_cap = softcap > 0.0f ? scale / softcap : 0.0f;
+
   // Per-thread row state for rows 4ty..4ty+3 (the 8 threads of a row hold identical copies).
   float row_max[4], row_sum[4];
   bool poison[4];
@@ -144,6 +155,37 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
         for (int b = 0; b < 4; ++b) s[a][b] = fmaf(qv[a], kv[b], s[a][b]);
     }
 
+    // Scale (softcap), then visibility and mask only where the tile needs them: block-uniform branches around
+    // whole unrolled loops keep the common path short (per-element branches bloat the code and miss the I-cache).
+    const bool full = n == kKeys && !p.has_mask && all_begin <= k0 && all_end >= k0 + kKeys;
+    if (softcap > 0.0f) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) s[a][b] = softcap * tanhf(s[a][b] * scale_over_cap);
+    } else {
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) s[a][b] *= scale;
+    }
+    if (!full) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const int r = 4 * ty + a;
+        const int begin = r < rows ? row_begin[r] : 0;
+        const int end = r < rows ? row_end[r] : 0;
+        const float* mask_row =
+            p.has_mask && r < rows ? p.mask + p.lmask.index(c.b, row_head[r], row_query[r]) : nullptr;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const int j = 4 * tx + b;
+          const std::int64_t key = k0 + j;
+          const bool seen = j < n && key >= begin && key < end;
+          s[a][b] = seen ? (mask_row != nullptr ? s[a][b] + mask_row[key] : s[a][b]) : core::kNegInf;
+        }
+      }
+    }
     float alpha[4];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
@@ -151,15 +193,8 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
       float tile_max = core::kNegInf;
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const int j = 4 * tx + b;
-        const std::int64_t key = k0 + j;
-        float x = p.transform(s[a][b]);
-        const bool seen = r < rows && j < n && key >= row_begin[r] && key < row_end[r];
-        if (seen && p.has_mask) x += p.mask[p.lmask.index(c.b, row_head[r], row_query[r]) + key];
-        x = seen ? x : core::kNegInf;
-        poison[a] |= !(x < INFINITY);
-        tile_max = fmaxf(tile_max, x);
-        s[a][b] = x;
+        poison[a] |= !(s[a][b] < INFINITY);
+        tile_max = fmaxf(tile_max, s[a][b]);
       }
 #pragma unroll
       for (int lane = 1; lane < 8; lane <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, lane));
@@ -169,7 +204,8 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
       float tile_sum = 0.0f;
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const float e = s[a][b] == core::kNegInf ? 0.0f : expf(s[a][b] - use_max);
+        // ex2.approx: relative error ~2^-22; (s - max) first keeps the argument's rounding relative to itself.
+        const float e = fast_exp2((s[a][b] - use_max) * kLog2e);
         pt[(4 * tx + b) * kRowPad + r] = e;
         tile_sum += e;
       }

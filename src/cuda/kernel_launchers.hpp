@@ -16,10 +16,15 @@ template <auto Kernel>
 void allow_max_dynamic_smem() {
   static const bool done = [] {
     int device = 0, optin = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-    return true;
+    cudaFuncAttributes attr{};
+    bool ok = cudaGetDevice(&device) == cudaSuccess &&
+              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+              cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess;
+    // Static shared memory counts against the opt-in limit too.
+    ok = ok && cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    optin - static_cast<int>(attr.sharedSizeBytes)) == cudaSuccess;
+    if (!ok) cudaGetLastError();  // leave no error behind: the launch reports its own if it cannot run
+    return ok;
   }();
   (void)done;
 }

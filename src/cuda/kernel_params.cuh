@@ -68,6 +68,13 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// 2^x on the special-function unit (relative error ~2^-22, far below float16/bfloat16 rounding); exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Decodes a block index into (batch, K/V head, row block, key range).
 struct BlockCoord {
   std::int64_t b, kvh, row_block, split;
