@@ -81,9 +81,13 @@ struct Attention::Impl {
 namespace {
 // A host backend handed device memory would fault: say so instead.
 void reject_device_pointers(const AttentionArgs& a) {
-  const std::pair<const char*, const void*> buffers[] = {{"q", a.q.data}, {"k", a.k.data}, {"v", a.v.data},
-                                                         {"o", a.o.data}, {"mask", a.mask.data},
-                                                         {"key_lengths", a.key_lengths.data}};
+  const std::pair<const char*, const void*> buffers[] = {
+      {"q", a.q.data},           {"k", a.k.data},
+      {"v", a.v.data},           {"o", a.o.data},
+      {"mask", a.mask.data},     {"key_lengths", a.key_lengths.data},
+      {"head_sink", a.head_sink.data}, {"causal_offsets", a.causal_offsets.data},
+      {"k_scale", a.k_scale.data}, {"v_scale", a.v_scale.data},
+      {"lse", a.lse.data},       {"scratch", a.scratch}};
   for (const auto& [name, ptr] : buffers) {
     if (cuda::is_device_pointer(ptr)) throw Error(name, "is CUDA device memory: run it with Backend::Cuda");
   }
