@@ -93,8 +93,10 @@ TEST(GqaBadInput, Attributes) {
       {"qk_output 3", MUT { a.qk_output = 3; }, "qk_output", "must be 0 (none), 1"},
       {"local_window_size 0", MUT { a.local_window_size = 0; }, "local_window_size", "must be -1 (off) or >= 1"},
       {"local_window_size -2", MUT { a.local_window_size = -2; }, "local_window_size", "must be -1 (off) or >= 1"},
-      {"window without causal", MUT { a.causal = 0, a.local_window_size = 4; }, "local_window_size", "must be -1 when causal = 0"},
-      {"sliding cache without window", MUT { a.sliding_window_cache = 1; }, "sliding_window_cache", "needs local_window_size >= 1"},
+      {"window without causal", MUT { a.causal = 0, a.local_window_size = 4; },
+       "local_window_size", "must be -1 when causal = 0"},
+      {"sliding cache without window", MUT { a.sliding_window_cache = 1; },
+       "sliding_window_cache", "needs local_window_size >= 1"},
       {"qk_norm_epsilon 0", MUT { a.qk_norm_epsilon = 0.0f; }, "qk_norm_epsilon", "finite and > 0"},
       {"quant type unknown", MUT { a.v_quant_type = "INT8"; }, "v_quant_type", "NONE, PER_TENSOR or PER_CHANNEL"},
       {"bit width 16", MUT { a.kv_cache_bit_width = 16; }, "kv_cache_bit_width", "must be 8 or 4"},
@@ -111,18 +113,22 @@ TEST(GqaBadInput, QueryKeyValue) {
       {"query null data", MUT { in.query.data = nullptr; }, "query", "has no data"},
       {"negative dimension", MUT { in.query.shape[1] = -1; }, "query", "dimensions must be >= 0"},
       {"batch 0", MUT { in.query.shape[0] = 0; }, "query", "dimension 0 (batch) must be >= 1"},
-      {"width not a multiple of num_heads", MUT { in.query.shape[2] = 63; }, "query", "must be a multiple of num_heads"},
-      {"head size over 256", MUT { a.num_heads = 1, a.kv_num_heads = 1; in.query.shape[2] = 4 * 16 * 5; }, "query", "must be in [1, 256]"},
+      {"width not a multiple of num_heads", MUT { in.query.shape[2] = 63; },
+       "query", "must be a multiple of num_heads"},
+      {"head size over 256", MUT { a.num_heads = 1, a.kv_num_heads = 1; in.query.shape[2] = 4 * 16 * 5; },
+       "query", "must be in [1, 256]"},
       {"value absent", MUT { in.value = {}; }, "value", "must both be given"},
       {"key absent", MUT { in.key = {}; }, "key", "must both be given"},
-      {"key wrong heads", MUT { in.key.shape[2] = 16; }, "key", "must have shape (batch, sequence_length, kv_num_heads * head_size)"},
+      {"key wrong heads", MUT { in.key.shape[2] = 16; },
+       "key", "must have shape (batch, sequence_length, kv_num_heads * head_size)"},
       {"key wrong sequence", MUT { in.key.shape[1] = 2; }, "key", "must have shape"},
       {"value float16", MUT { in.value.type = ElementType::float16; }, "value", "the query's type"},
   });
   GqaOptions packed = base();
   packed.packed = true;
   run_rules(packed, {
-      {"packed width", MUT { in.query.shape[2] = 8 * 16 + 1; }, "query", "packed QKV: dimension 2 (129) must be a multiple of num_heads + 2 * kv_num_heads = 8"},
+      {"packed width", MUT { in.query.shape[2] = 8 * 16 + 1; },
+       "query", "packed QKV: dimension 2 (129) must be a multiple of num_heads + 2 * kv_num_heads = 8"},
   });
 }
 
@@ -132,28 +138,35 @@ TEST(GqaBadInput, LengthsAndSteps) {
       {"seqlens_k shape", MUT { in.seqlens_k.shape = {2}; }, "seqlens_k", "must have shape (batch)"},
       {"seqlens_k int64", MUT { in.seqlens_k.type = ElementType::int64; }, "seqlens_k", "must be int32"},
       {"total absent", MUT { in.total_sequence_length = {}; }, "total_sequence_length", "is required"},
-      {"total two elements", MUT { in.total_sequence_length.shape = {2}; }, "total_sequence_length", "must hold one element"},
-      {"total float", MUT { in.total_sequence_length.type = ElementType::float32; }, "total_sequence_length", "must be int32"},
+      {"total two elements", MUT { in.total_sequence_length.shape = {2}; },
+       "total_sequence_length", "must hold one element"},
+      {"total float", MUT { in.total_sequence_length.type = ElementType::float32; },
+       "total_sequence_length", "must be int32"},
       {"total 0", MUT { c.total = 0; }, "total_sequence_length", "= 0 must be >= 1"},
       {"seqlens_k negative", MUT { c.seqlens[1] = -1; }, "seqlens_k[1]", "must be >= 0"},
       {"length above total", MUT { c.seqlens[0] = 6; }, "seqlens_k[0]", "exceed total_sequence_length = 6"},
       {"past beyond past_key", MUT { c.seqlens[0] = 9, c.total = 10; }, "seqlens_k[0]", "past_key holds only 8 rows"},
-      {"past absent but needed", MUT { in.past_key = {}, in.past_value = {}; }, "past_key", "is absent but seqlens_k[0] = 5 implies 5 earlier tokens"},
-      {"shorter than the new tokens", MUT { c.seqlens[2] = 0; in.query.shape[1] = 2; in.key.shape[1] = 2; in.value.shape[1] = 2; c.total = 7; },
+      {"past absent but needed", MUT { in.past_key = {}, in.past_value = {}; },
+       "past_key", "is absent but seqlens_k[0] = 5 implies 5 earlier tokens"},
+      {"shorter than the new tokens", MUT {
+         c.seqlens[2] = 0, c.total = 7;
+         for (auto* t : {&in.query, &in.key, &in.value}) t->shape[1] = 2;
+       },
        "seqlens_k[2]", "fewer than the 2 new tokens"},
   });
   // A shared cache of 8 rows: the contract's example.
   GqaOptions shared = base();
   shared.shared = true;
   run_rules(shared, {
-      {"over capacity", MUT { c.seqlens[2] = 900; c.total = 901; }, "seqlens_k[2]", "= 900 exceeds the cache capacity 8"},
+      {"over capacity", MUT { c.seqlens[2] = 900; c.total = 901; },
+       "seqlens_k[2]", "= 900 exceeds the cache capacity 8"},
   });
   // A first prompt: lengths at most S, and S rows must fit.
   GqaOptions prompt = base();
   prompt.seq = 4, prompt.lengths = {4, 2, 3}, prompt.has_past = false, prompt.present_rows = 4, prompt.qk_output = 0;
   run_rules(prompt, {
       {"prompt length above S", MUT { c.seqlens[1] = 4; }, "seqlens_k[1]", "5 tokens exceed total_sequence_length = 4"},
-      {"prompt rows above capacity", MUT { out.present_key.shape[2] = 3; out.present_value.shape[2] = 3; }, "present_key",
+      {"prompt rows above capacity", MUT { out.present_key.shape[2] = out.present_value.shape[2] = 3; }, "present_key",
        "fewer than the 4 tokens of this call"},
   });
 }
@@ -161,35 +174,46 @@ TEST(GqaBadInput, LengthsAndSteps) {
 TEST(GqaBadInput, Caches) {
   run_rules(base(), {
       {"past_value absent", MUT { in.past_value = {}; }, "past_value", "must both be given"},
-      {"past_key heads", MUT { in.past_key.shape[1] = 4; }, "past_key", "must have shape (batch, kv_num_heads, rows, head_size)"},
-      {"past_key float32 for an int8 cache", MUT { in.past_key.type = ElementType::float32; }, "past_key", "must be int8"},
+      {"past_key heads", MUT { in.past_key.shape[1] = 4; },
+       "past_key", "must have shape (batch, kv_num_heads, rows, head_size)"},
+      {"past_key float32 for an int8 cache", MUT { in.past_key.type = ElementType::float32; },
+       "past_key", "must be int8"},
       {"past_value rows differ", MUT { in.past_value.shape[2] = 7; }, "past_value", "must have past_key's dimension 2"},
       {"present_key absent", MUT { out.present_key = {}; }, "present_key", "is required"},
       {"present_value absent", MUT { out.present_value = {}; }, "present_value", "is required"},
       {"present last dimension", MUT { out.present_value.shape[3] = 8; }, "present_value", "must have shape"},
       {"present type", MUT { out.present_value.type = ElementType::float16; }, "present_value", "must be float32"},
-      {"present rows differ", MUT { out.present_value.shape[2] = 7; }, "present_value", "must have present_key's dimension 2"},
+      {"present rows differ", MUT { out.present_value.shape[2] = 7; },
+       "present_value", "must have present_key's dimension 2"},
       {"key shared, value not", MUT { out.present_key.data = const_cast<void*>(in.past_key.data); }, "present_value",
        "share memory for both key and value, or for neither"},
       {"k_scale absent", MUT { in.k_scale = {}; }, "k_scale", "is required when k_quant_type is not NONE"},
-      {"v_scale for a float cache", MUT { static float s = 1.0f; in.v_scale = {&s, ElementType::float32, {1}}; }, "v_scale",
+      {"v_scale for a float cache", MUT { in.v_scale = {c.k_scale.data(), ElementType::float32, {1}}; }, "v_scale",
        "is given but v_quant_type is NONE"},
       {"k_scale count", MUT { in.k_scale.shape = {16}; }, "k_scale", "must hold kv_num_heads * head_size = 32 values"},
       {"k_scale type", MUT { in.k_scale.type = ElementType::float16; }, "k_scale", "must be float32"},
       {"k_scale zero", MUT { c.k_scale[5] = 0.0f; }, "k_scale[5]", "must be finite and > 0"},
       {"k_scale NaN", MUT { c.k_scale[0] = std::nanf(""); }, "k_scale[0]", "must be finite and > 0"},
+      {"past_key without data", MUT { in.past_key.data = nullptr; }, "past_key", "has no data"},
+      {"v_scale per tensor, two values", MUT {
+         static float s[2] = {0.1f, 0.1f};
+         a.v_quant_type = "PER_TENSOR";
+         in.v_scale = {s, ElementType::float32, {2}};
+       }, "v_scale", "must hold 1 value for PER_TENSOR"},
   });
   GqaOptions shared = base();
   shared.shared = true;
   run_rules(shared, {
-      {"shared with another shape", MUT { out.present_key.shape[2] = 6; out.present_value.shape[2] = 6; }, "present_key",
+      {"shared with another shape", MUT { out.present_key.shape[2] = out.present_value.shape[2] = 6; }, "present_key",
        "must have past_key's shape"},
   });
   GqaOptions int4 = base();
   int4.bits = 4;
   run_rules(int4, {
-      {"int4 cache rows of H bytes", MUT { out.present_key.shape[3] = 16; }, "present_key", "(head_size + 1) / 2 bytes"},
-      {"int4 cache float", MUT { in.past_key.type = ElementType::float32; }, "past_key", "must be uint8 (an int4 cache"},
+      {"int4 cache rows of H bytes", MUT { out.present_key.shape[3] = 16; },
+       "present_key", "(head_size + 1) / 2 bytes"},
+      {"int4 cache float", MUT { in.past_key.type = ElementType::float32; },
+       "past_key", "must be uint8 (an int4 cache"},
   });
   GqaOptions window = base();
   window.sliding = true, window.window = 4, window.present_rows = 4, window.past_rows = 4;
@@ -205,7 +229,8 @@ TEST(GqaBadInput, Caches) {
 
 TEST(GqaBadInput, RotaryNormBiasSink) {
   run_rules(base(), {
-      {"do_rotary without tables", MUT { in.cos_cache = {}, in.sin_cache = {}; }, "cos_cache", "is required when do_rotary = 1"},
+      {"do_rotary without tables", MUT { in.cos_cache = {}, in.sin_cache = {}; },
+       "cos_cache", "is required when do_rotary = 1"},
       {"cos without sin", MUT { in.sin_cache = {}; }, "sin_cache", "must both be given"},
       {"cos rank 3", MUT { in.cos_cache.shape = {1, 9, 8}; }, "cos_cache", "must have rank 2"},
       {"cos type", MUT { in.cos_cache.type = ElementType::float16; }, "cos_cache", "the query's type"},
@@ -214,33 +239,56 @@ TEST(GqaBadInput, RotaryNormBiasSink) {
        "must be in [1, head_size / 2 = 8]"},
       {"positions past the tables", MUT { in.cos_cache.shape[0] = 5; in.sin_cache.shape[0] = 5; }, "cos_cache",
        "holds 5 positions but batch entry 0 needs position 5"},
-      {"position_ids type", MUT { static std::int64_t p[3] = {0, 1, 2}; in.position_ids = {p, ElementType::int32, {3, 1}}; }, "position_ids", "must be int64"},
-      {"position_ids shape", MUT { static std::int64_t p[3] = {0, 1, 2}; in.position_ids = {p, ElementType::int64, {1, 3}}; }, "position_ids",
+      {"position_ids type", MUT {
+         static std::int64_t p[3];
+         p[0] = 0, p[1] = 1, p[2] = 2;
+         in.position_ids = {p, ElementType::int32, {3, 1}};
+       },
+       "position_ids", "must be int64"},
+      {"position_ids shape", MUT {
+         static std::int64_t p[3];
+         p[0] = 0, p[1] = 1, p[2] = 2;
+         in.position_ids = {p, ElementType::int64, {1, 3}};
+       }, "position_ids",
        "must have shape (batch, >= sequence_length)"},
-      {"position out of range", MUT { static std::int64_t p[3] = {0, 9, 2}; in.position_ids = {p, ElementType::int64, {3, 1}}; }, "position_ids[1][0]",
+      {"position out of range", MUT {
+         static std::int64_t p[3];
+         p[0] = 0, p[1] = 9, p[2] = 2;
+         in.position_ids = {p, ElementType::int64, {3, 1}};
+       }, "position_ids[1][0]",
        "= 9 is outside [0, 9)"},
-      {"negative position", MUT { static std::int64_t p[3] = {0, 1, -2}; in.position_ids = {p, ElementType::int64, {3, 1}}; }, "position_ids[2][0]",
+      {"negative position", MUT {
+         static std::int64_t p[3];
+         p[0] = 0, p[1] = 1, p[2] = -2;
+         in.position_ids = {p, ElementType::int64, {3, 1}};
+       }, "position_ids[2][0]",
        "is outside"},
       {"q norm alone", MUT { in.k_norm_weight = {}; }, "k_norm_weight", "must both be given"},
       {"norm weight shape", MUT { in.q_norm_weight.shape = {8}; }, "q_norm_weight", "must have shape (head_size)"},
       {"norm weight type", MUT { in.k_norm_weight.type = ElementType::bfloat16; }, "k_norm_weight", "the query's type"},
       {"bias rank", MUT { in.attention_bias.shape = {3, 4, 6}; }, "attention_bias", "must have rank 4"},
-      {"bias batch 2", MUT { in.attention_bias.shape[0] = 2; }, "attention_bias", "(batch or 1, num_heads or 1, sequence_length, total_sequence_length)"},
+      {"bias batch 2", MUT { in.attention_bias.shape[0] = 2; },
+       "attention_bias", "(batch or 1, num_heads or 1, sequence_length, total_sequence_length)"},
       {"bias columns", MUT { in.attention_bias.shape[3] = 7; }, "attention_bias", "must have shape"},
       {"bias type", MUT { in.attention_bias.type = ElementType::float16; }, "attention_bias", "the query's type"},
-      {"sink with smooth softmax", MUT { a.smooth_softmax = 1; }, "head_sink", "must be absent when smooth_softmax = 1"},
+      {"sink with smooth softmax", MUT { a.smooth_softmax = 1; },
+       "head_sink", "must be absent when smooth_softmax = 1"},
       {"sink shape", MUT { in.head_sink.shape = {2}; }, "head_sink", "must have shape (num_heads)"},
+      {"sink type", MUT { in.head_sink.type = ElementType::float16; }, "head_sink", "the query's type"},
   });
 }
 
 TEST(GqaBadInput, OutputsAndOverlaps) {
   run_rules(base(), {
       {"output absent", MUT { out.output = {}; }, "output", "is required"},
-      {"output shape", MUT { out.output.shape = {3, 1, 32}; }, "output", "must have shape (batch, sequence_length, num_heads * head_size)"},
+      {"output shape", MUT { out.output.shape = {3, 1, 32}; },
+       "output", "must have shape (batch, sequence_length, num_heads * head_size)"},
       {"output type", MUT { out.output.type = ElementType::bfloat16; }, "output", "the query's type"},
       {"output_qk absent", MUT { out.output_qk = {}; }, "output_qk", "is required when qk_output = 1"},
-      {"output_qk shape", MUT { out.output_qk.shape[3] = 5; }, "output_qk", "(batch, num_heads, sequence_length, total_sequence_length)"},
+      {"output_qk shape", MUT { out.output_qk.shape[3] = 5; },
+       "output_qk", "(batch, num_heads, sequence_length, total_sequence_length)"},
       {"output_qk unasked", MUT { a.qk_output = 0; }, "output_qk", "is given but qk_output = 0"},
+      {"output_qk type", MUT { out.output_qk.type = ElementType::float16; }, "output_qk", "the query's type"},
       {"output over the query", MUT { out.output.data = c.query.data(); }, "output", "must not overlap query"},
       {"present value over present key", MUT {
          c.present_key.resize(c.present_key.size() + c.present_value.size());

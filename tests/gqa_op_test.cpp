@@ -1,9 +1,9 @@
 // The whole GroupQueryAttention op against the float64 reference of gqa_support.hpp (written from the
 // contract): output, both present caches (every row: appended, copied, zeroed or untouched) and output_qk,
 // over every step kind, cache mode, option and element type.
-#include "gqa_support.hpp"
-
 #include <gtest/gtest.h>
+
+#include "gqa_support.hpp"
 
 namespace attnkit::test {
 namespace {
@@ -12,8 +12,8 @@ constexpr DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
 std::string describe(const GqaOptions& o) {
   std::string s = dtype_str(o.dtype) + " B=" + std::to_string(o.batch) + " S=" + std::to_string(o.seq) +
-                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) + " H=" +
-                  std::to_string(o.head_size) + " lengths=";
+                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) +
+                  " H=" + std::to_string(o.head_size) + " lengths=";
   for (auto l : o.lengths) s += std::to_string(l) + ",";
   s += std::string(o.has_past ? (o.shared ? " shared" : " separate") : " no-past") + (o.packed ? " packed" : "") +
        (o.rotary ? (o.interleaved ? " rotary-interleaved" : " rotary") : "") + (o.norm ? " norm" : "") +
@@ -49,7 +49,8 @@ void check_cache(const GqaCall& c, const std::vector<double>& expected, const st
       if (!transformed) {
         ASSERT_EQ(x, want) << name << " row " << row << " d " << d;
       } else {
-        ASSERT_NEAR(x, want, testing::tolerance(c.o.dtype) * (std::abs(want) + 1.0)) << name << " row " << row << " d " << d;
+        ASSERT_NEAR(x, want, testing::tolerance(c.o.dtype) * (std::abs(want) + 1.0))
+            << name << " row " << row << " d " << d;
       }
     }
   }
@@ -335,11 +336,15 @@ TEST(GqaOp, DecodeStepsContinueThePrompt) {
     const std::size_t es = dtype_size(t);
     std::vector<std::byte> cache_k(whole.present_key.size(), std::byte{0}), cache_v = cache_k;
     auto step = [&](std::int64_t first, std::int64_t count, bool prompt) {
-      std::vector<std::byte> q(whole.query.begin() + first * token * es, whole.query.begin() + (first + count) * token * es);
-      std::vector<std::byte> k(whole.key.begin() + first * kv_token * es, whole.key.begin() + (first + count) * kv_token * es);
-      std::vector<std::byte> v(whole.value.begin() + first * kv_token * es, whole.value.begin() + (first + count) * kv_token * es);
+      std::vector<std::byte> q(whole.query.begin() + first * token * es,
+                               whole.query.begin() + (first + count) * token * es);
+      std::vector<std::byte> k(whole.key.begin() + first * kv_token * es,
+                               whole.key.begin() + (first + count) * kv_token * es);
+      std::vector<std::byte> v(whole.value.begin() + first * kv_token * es,
+                               whole.value.begin() + (first + count) * kv_token * es);
       std::vector<std::byte> out(static_cast<std::size_t>(count * token) * es);
-      std::int32_t seqlen = static_cast<std::int32_t>(first + count - 1), total = static_cast<std::int32_t>(first + count);
+      std::int32_t seqlen = static_cast<std::int32_t>(first + count - 1),
+                   total = static_cast<std::int32_t>(first + count);
       GqaInputs in = whole.inputs();
       const ElementType et = element_type_of(t);
       in.query = {q.data(), et, {1, count, token}};
@@ -415,6 +420,12 @@ TEST(GqaOp, OutputSpecsAreOnnxRuntimes) {
   EXPECT_EQ(specs[2].type, ElementType::float32);
   EXPECT_TRUE(specs[3].produced);
   EXPECT_EQ(specs[3].shape, (std::vector<std::int64_t>{2, 4, 1, 5}));
+  // A window cache keeps its size: present = past rows, even below total_sequence_length.
+  o = GqaOptions{};
+  o.batch = 1, o.lengths = {30}, o.sliding = true, o.window = 4, o.past_rows = o.present_rows = 4;
+  GqaCall w = make_call(o);
+  specs = gqa_output_specs(w.attrs, w.inputs());
+  EXPECT_EQ(specs[1].shape, (std::vector<std::int64_t>{1, 2, 4, 16}));
 }
 
 }  // namespace

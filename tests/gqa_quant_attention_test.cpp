@@ -7,17 +7,15 @@
 //   - independent of the thread count;
 //   - a half / bfloat16 mask gives the bits of a float32 mask holding the same values;
 //   - the core's new rules reject bad storage descriptions with an Error naming the field.
-#include <core/kv_quant.hpp>
-#include <core/problem_check.hpp>
-#include <cpu/reference.hpp>
-
-#include <testing/case_data.hpp>
-
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <core/kv_quant.hpp>
+#include <core/problem_check.hpp>
+#include <cpu/reference.hpp>
 #include <cstring>
 #include <random>
+#include <testing/case_data.hpp>
 #include <vector>
 
 namespace attnkit::test {
@@ -54,7 +52,8 @@ struct QuantCase {
   }
   std::int64_t values(KvStorage s, const std::vector<std::byte>& b) const {
     return s.type == KvType::Int4 ? 2 * static_cast<std::int64_t>(b.size())
-                                  : static_cast<std::int64_t>(b.size()) / (s.type == KvType::Int8 ? 1 : static_cast<std::int64_t>(dtype_size(p.dtype)));
+                                  : static_cast<std::int64_t>(b.size()) /
+                                        (s.type == KvType::Int8 ? 1 : static_cast<std::int64_t>(dtype_size(p.dtype)));
   }
   // The same problem with K and V replaced by their float32 dequantized copies (Q and O keep the dtype; only a
   // float32 problem can take float32 K/V, so this is for dtype float32).
@@ -87,7 +86,10 @@ void build_tensor(Storage s, DType dtype, std::int64_t B, std::int64_t Hkv, std:
   if (s.quant == KvQuant::PerTensor) scales = {static_cast<float>(3.0 / top)};
   if (s.quant == KvQuant::PerChannel)
     for (std::int64_t i = 0; i < Hkv * dim; ++i) scales.push_back(static_cast<float>(3.0 * uniform(rng) / top));
-  out.assign(static_cast<std::size_t>(s.type == KvType::Int4 ? n / 2 : s.type == KvType::Int8 ? n : n * static_cast<std::int64_t>(dtype_size(dtype))), std::byte{0});
+  out.assign(static_cast<std::size_t>(s.type == KvType::Int4   ? n / 2
+                                      : s.type == KvType::Int8 ? n
+                                                               : n * static_cast<std::int64_t>(dtype_size(dtype))),
+             std::byte{0});
   deq.assign(static_cast<std::size_t>(B * Hkv * rows * dim), 0.0f);
   for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
     const std::int64_t h = bh % Hkv;
@@ -108,7 +110,8 @@ void build_tensor(Storage s, DType dtype, std::int64_t B, std::int64_t Hkv, std:
             byte = static_cast<std::uint8_t>(at % 2 ? (byte & 0x0F) | ((q + 8) << 4) : (byte & 0xF0) | (q + 8));
           }
           // Dequantized as the contract says: q * scale in float32.
-          value = static_cast<float>(q) * scales[s.quant == KvQuant::PerChannel ? static_cast<std::size_t>(h * dim + d) : 0];
+          value = static_cast<float>(q) *
+                  scales[s.quant == KvQuant::PerChannel ? static_cast<std::size_t>(h * dim + d) : 0];
         }
         deq[static_cast<std::size_t>((bh * rows + r) * dim + d)] = value;
       }
@@ -127,7 +130,8 @@ QuantCase make_case(DType dtype, Storage ks, Storage vs, std::int64_t B, std::in
   c.p.k_storage = {ks.type, ks.quant};
   c.p.v_storage = {vs.type, vs.quant};
   c.q.resize(static_cast<std::size_t>(B * H * Sq * D) * dtype_size(dtype));
-  for (std::int64_t i = 0; i < B * H * Sq * D; ++i) store_from_float(c.q.data(), dtype, i, static_cast<float>(normal(rng)));
+  for (std::int64_t i = 0; i < B * H * Sq * D; ++i)
+    store_from_float(c.q.data(), dtype, i, static_cast<float>(normal(rng)));
   c.o.resize(static_cast<std::size_t>(B * H * Sq * Dv) * dtype_size(dtype));
   build_tensor(ks, dtype, B, Hkv, Sk, D, rng, c.k, c.k_scale, c.k_float, c.p.k);
   build_tensor(vs, dtype, B, Hkv, Sk, Dv, rng, c.v, c.v_scale, c.v_float, c.p.v);
@@ -237,7 +241,8 @@ TEST(HalfMask, SameBitsAsAFloat32MaskOfTheSameValues) {
     std::int64_t mb, mh, mq;  // mask dimensions (1: broadcast)
   };
   for (DType mt : {DType::f16, DType::bf16}) {
-    for (MaskShape ms : {MaskShape{"full", 2, 4, 9}, MaskShape{"key padding", 2, 1, 1}, MaskShape{"shared by heads", 2, 1, 9}}) {
+    for (MaskShape ms :
+         {MaskShape{"full", 2, 4, 9}, MaskShape{"key padding", 2, 1, 1}, MaskShape{"shared by heads", 2, 1, 9}}) {
       for (DType dtype : {DType::f32, DType::bf16}) {
         SCOPED_TRACE(std::string(dtype_name(mt)) + " mask " + ms.name + ", " + std::string(dtype_name(dtype)));
         QuantCase c = make_case(dtype, {KvType::Float, KvQuant::None}, {KvType::Float, KvQuant::None}, 2, 4, 2, 9, 150,
@@ -335,7 +340,7 @@ TEST(QuantizedCacheRules, EveryStorageRuleIsAnError) {
     a.mask = {mask.data(), 20};
     expect_core_error(p, a, "mask_dtype", "float32, float16 or bfloat16", c.o);
   }
-  {  // an output over a quantized cache is an overlap, counted in the cache's bytes
+  {                    // an output over a quantized cache is an overlap, counted in the cache's bytes
     c.k.resize(4096);  // room for O, so that a missed overlap could not write past the vector
     AttentionArgs a = c.args();
     a.k.elements = 2 * 2 * 20 * 16;

@@ -3,11 +3,8 @@
 // (/work/shared/SPEC-gqa.md), step by step, in token space: it never looks at the library's GQA code.
 #pragma once
 
-#include <attnkit/gqa.hpp>
-
-#include <testing/case_data.hpp>
-
 #include <algorithm>
+#include <attnkit/gqa.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <testing/case_data.hpp>
 #include <vector>
 
 namespace attnkit::test {
@@ -30,8 +28,8 @@ struct GqaOptions {
   std::vector<std::int32_t> lengths;  // T_b per batch entry (seqlens_k + 1)
   std::int32_t total = 0;             // total_sequence_length (0: max length)
   bool has_past = true;
-  std::int64_t past_rows = 0;         // past cache rows (0: present rows)
-  std::int64_t present_rows = 0;      // present cache rows (0: max(total, past_rows))
+  std::int64_t past_rows = 0;     // past cache rows (0: present rows)
+  std::int64_t present_rows = 0;  // present cache rows (0: max(total, past_rows))
   bool shared = false;
   bool packed = false;
   bool rotary = false, interleaved = false;
@@ -90,9 +88,11 @@ struct GqaCall {
       in.value = {value.data(), t, {o.batch, o.seq, o.kv_heads * H}};
     }
     if (o.has_past) {
-      in.past_key = {o.shared ? present_key.data() : past_key.data(), cache_type(k_quantized()),
+      in.past_key = {o.shared ? present_key.data() : past_key.data(),
+                     cache_type(k_quantized()),
                      {o.batch, o.kv_heads, P, last_dim(k_quantized())}};
-      in.past_value = {o.shared ? present_value.data() : past_value.data(), cache_type(v_quantized()),
+      in.past_value = {o.shared ? present_value.data() : past_value.data(),
+                       cache_type(v_quantized()),
                        {o.batch, o.kv_heads, P, last_dim(v_quantized())}};
     }
     in.seqlens_k = {seqlens.data(), ElementType::int32, {o.batch}};
@@ -116,9 +116,10 @@ struct GqaCall {
     GqaOutputs out;
     const ElementType t = element_type_of(o.dtype);
     out.output = {output.data(), t, {o.batch, o.seq, o.heads * H}};
-    out.present_key = {present_key.data(), cache_type(k_quantized()), {o.batch, o.kv_heads, C, last_dim(k_quantized())}};
-    out.present_value = {present_value.data(), cache_type(v_quantized()),
-                         {o.batch, o.kv_heads, C, last_dim(v_quantized())}};
+    out.present_key = {
+        present_key.data(), cache_type(k_quantized()), {o.batch, o.kv_heads, C, last_dim(k_quantized())}};
+    out.present_value = {
+        present_value.data(), cache_type(v_quantized()), {o.batch, o.kv_heads, C, last_dim(v_quantized())}};
     if (o.qk_output != 0) out.output_qk = {output_qk.data(), t, {o.batch, o.heads, o.seq, total}};
     return out;
   }
@@ -196,7 +197,8 @@ inline GqaCall make_call(const GqaOptions& opt) {
     const double top = o.bits == 8 ? 127.0 : 7.0;
     if (quant == "PER_TENSOR") s = {static_cast<float>(3.5 / top)};
     if (quant == "PER_CHANNEL") {
-      for (std::int64_t i = 0; i < o.kv_heads * c.H; ++i) s.push_back(static_cast<float>((2.5 + 2.0 * uniform(rng)) / top));
+      for (std::int64_t i = 0; i < o.kv_heads * c.H; ++i)
+        s.push_back(static_cast<float>((2.5 + 2.0 * uniform(rng)) / top));
     }
   };
   make_scales(o.k_quant, c.k_scale);
@@ -209,8 +211,9 @@ inline GqaCall make_call(const GqaOptions& opt) {
     }
     buf.resize(static_cast<std::size_t>(heads_rows * c.row_bytes(true)));
     for (auto& b : buf) {
-      b = static_cast<std::byte>(o.bits == 8 ? static_cast<int>(std::clamp(std::lround(normal(rng) * 127 / 3.5), -127l, 127l))
-                                             : static_cast<int>(rng() & 0xFF));
+      b = static_cast<std::byte>(o.bits == 8
+                                     ? static_cast<int>(std::clamp(std::lround(normal(rng) * 127 / 3.5), -127l, 127l))
+                                     : static_cast<int>(rng() & 0xFF));
     }
   };
   if (o.has_past) {
@@ -239,7 +242,8 @@ inline GqaCall make_call(const GqaOptions& opt) {
   if (o.bias) {
     const std::int64_t n = o.bias_batch * o.bias_heads * o.seq * c.total;
     random_floats(c.bias, n, 1.0);
-    for (std::int64_t i = 0; i < n; i += 7) store_from_float(c.bias.data(), o.dtype, i, -std::numeric_limits<float>::infinity());
+    for (std::int64_t i = 0; i < n; i += 7)
+      store_from_float(c.bias.data(), o.dtype, i, -std::numeric_limits<float>::infinity());
   }
   if (o.head_sink) random_floats(c.sink, o.heads, 1.0);
   if (o.norm) {
@@ -334,7 +338,9 @@ inline GqaExpected gqa_reference(const GqaCall& c, const std::vector<std::byte>&
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t total = o.lengths[static_cast<std::size_t>(b)];
     const std::int64_t past = first_prompt ? 0 : total - S;
-    auto position = [&](std::int64_t s) { return o.position_ids ? c.positions[static_cast<std::size_t>(b * S + s)] : past + s; };
+    auto position = [&](std::int64_t s) {
+      return o.position_ids ? c.positions[static_cast<std::size_t>(b * S + s)] : past + s;
+    };
     // The rows the past cache holds: tokens [past - past_rows, past). A window cache keeps the newest.
     const std::int64_t past_rows = o.sliding ? std::min(past, c.P) : past;
     const std::int64_t past_first = past - past_rows;
@@ -374,8 +380,10 @@ inline GqaExpected gqa_reference(const GqaCall& c, const std::vector<std::byte>&
         std::vector<double> v = new_row(o.packed ? c.query : c.value, v_at, nullptr, 0, false);
         std::vector<double> kqi(H), vqi(H);
         for (std::int64_t d = 0; d < H; ++d) {
-          if (c.k_quantized()) kqi[d] = quant_value(k[d], c.k_scale, kvh, d), k[d] = kqi[d] * scale_of(c.k_scale, kvh, d);
-          if (c.v_quantized()) vqi[d] = quant_value(v[d], c.v_scale, kvh, d), v[d] = vqi[d] * scale_of(c.v_scale, kvh, d);
+          if (c.k_quantized())
+            kqi[d] = quant_value(k[d], c.k_scale, kvh, d), k[d] = kqi[d] * scale_of(c.k_scale, kvh, d);
+          if (c.v_quantized())
+            vqi[d] = quant_value(v[d], c.v_scale, kvh, d), v[d] = vqi[d] * scale_of(c.v_scale, kvh, d);
         }
         kt[past + s] = k, vt[past + s] = v, kq[past + s] = kqi, vq[past + s] = vqi;
       }
@@ -409,7 +417,8 @@ inline GqaExpected gqa_reference(const GqaCall& c, const std::vector<std::byte>&
             if (c.k_quantized())
               k[d] = ref_quantized_at(present_k_read, o.bits, c.row_bytes(true), row, d) * scale_of(c.k_scale, kvh, d);
             if (c.v_quantized())
-              vt[tok][d] = ref_quantized_at(present_v_read, o.bits, c.row_bytes(true), row, d) * scale_of(c.v_scale, kvh, d);
+              vt[tok][d] =
+                  ref_quantized_at(present_v_read, o.bits, c.row_bytes(true), row, d) * scale_of(c.v_scale, kvh, d);
           }
         }
       }
@@ -438,7 +447,8 @@ inline GqaExpected gqa_reference(const GqaCall& c, const std::vector<std::byte>&
             max = std::max(max, sc);
           }
           const std::size_t qk_row = static_cast<std::size_t>(((b * N + h) * S + i) * T);
-          if (o.qk_output == 1) for (auto [j, sc] : scores) e.qk[qk_row + static_cast<std::size_t>(j)] = sc;
+          if (o.qk_output == 1)
+            for (auto [j, sc] : scores) e.qk[qk_row + static_cast<std::size_t>(j)] = sc;
           const bool sink = o.head_sink || o.smooth_softmax == 1;
           const double sink_logit = o.head_sink ? c.at(c.sink, h) : 0.0;
           const double m = sink ? std::max(max, sink_logit) : max;
@@ -447,7 +457,8 @@ inline GqaExpected gqa_reference(const GqaCall& c, const std::vector<std::byte>&
           for (auto [j, sc] : scores) {
             const double w = denominator > 0 && sc != -kInf ? std::exp(sc - m) / denominator : 0.0;
             if (o.qk_output == 2) e.qk[qk_row + static_cast<std::size_t>(j)] = w;
-            for (std::int64_t d = 0; d < H; ++d) e.output[static_cast<std::size_t>(((b * S + i) * N + h) * H + d)] += w * vt.at(j)[d];
+            for (std::int64_t d = 0; d < H; ++d)
+              e.output[static_cast<std::size_t>(((b * S + i) * N + h) * H + d)] += w * vt.at(j)[d];
           }
         }
       }

@@ -1,16 +1,14 @@
 // The GQA op's units, each against an independent float64 (or integer) computation written here:
 // RMS norm, rotary (non-interleaved, interleaved, partial), quantize / pack / dequantize (int8, int4, the
 // packing byte, odd head sizes), and the cache append in every mode.
-#include <gqa/kv_cache.hpp>
-#include <gqa/qk_norm.hpp>
-#include <gqa/rotary.hpp>
-
-#include <core/kv_quant.hpp>
-
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <core/kv_quant.hpp>
 #include <cstring>
+#include <gqa/kv_cache.hpp>
+#include <gqa/qk_norm.hpp>
+#include <gqa/rotary.hpp>
 #include <random>
 #include <vector>
 
@@ -80,8 +78,8 @@ TEST(GqaRotary, NonInterleavedInterleavedAndPartial) {
   for (DType t : kFloatTypes) {
     for (RotaryCase rc : {RotaryCase{64, 32, false}, RotaryCase{64, 32, true}, RotaryCase{64, 16, false},
                           RotaryCase{64, 16, true}, RotaryCase{10, 1, false}, RotaryCase{10, 4, true}}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " head=" + std::to_string(rc.head) + " half=" +
-                   std::to_string(rc.half) + (rc.interleaved ? " interleaved" : ""));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " head=" + std::to_string(rc.head) +
+                   " half=" + std::to_string(rc.half) + (rc.interleaved ? " interleaved" : ""));
       const std::int64_t max_len = 50;
       std::vector<float> cosv, sinv;
       for (std::int64_t p = 0; p < max_len; ++p)
@@ -98,7 +96,8 @@ TEST(GqaRotary, NonInterleavedInterleavedAndPartial) {
         gqa::rotate_row(x.data(), tables, pos);
         std::vector<double> ref(x0.begin(), x0.end());
         for (std::int64_t i = 0; i < rc.half; ++i) {
-          const double c = load_as_float(cb.data(), t, pos * rc.half + i), s = load_as_float(sb.data(), t, pos * rc.half + i);
+          const double c = load_as_float(cb.data(), t, pos * rc.half + i),
+                       s = load_as_float(sb.data(), t, pos * rc.half + i);
           const std::int64_t a = rc.interleaved ? 2 * i : i, b = rc.interleaved ? 2 * i + 1 : i + rc.half;
           ref[a] = x0[a] * c - x0[b] * s;
           ref[b] = x0[b] * c + x0[a] * s;
@@ -193,7 +192,8 @@ TEST(GqaQuantize, Int4PackingByteAndOddHeadSize) {
       gqa::store_row(x.data(), f, scales.data(), row.data());
       for (std::int64_t i = 0; i < (H + 1) / 2; ++i) {
         const int a = expected_q(x[2 * i], scales[quant == KvQuant::PerTensor ? 0 : 2 * i], -8, 7);
-        const int b = 2 * i + 1 < H ? expected_q(x[2 * i + 1], scales[quant == KvQuant::PerTensor ? 0 : 2 * i + 1], -8, 7) : 0;
+        const int b =
+            2 * i + 1 < H ? expected_q(x[2 * i + 1], scales[quant == KvQuant::PerTensor ? 0 : 2 * i + 1], -8, 7) : 0;
         const int byte = ((a + 8) & 0xF) | ((b + 8) << 4);
         EXPECT_EQ(static_cast<int>(row[i]), byte) << "byte " << i;
         // The readers' unpacking gives the integers back.
@@ -249,7 +249,8 @@ TEST(GqaQuantize, ZeroRowsHoldTheValueZero) {
       if (d >= 7) continue;
       EXPECT_EQ(core::load_kv(rows.data(), f.storage, DType::f32, row * f.row_values() + d, &scale, 0, 7, d), 0.0f);
     }
-    for (std::int64_t i = 2 * f.row_bytes(); i < 3 * f.row_bytes(); ++i) EXPECT_EQ(rows[static_cast<std::size_t>(i)], std::byte{0x13});
+    for (std::int64_t i = 2 * f.row_bytes(); i < 3 * f.row_bytes(); ++i)
+      EXPECT_EQ(rows[static_cast<std::size_t>(i)], std::byte{0x13});
   }
 }
 
@@ -315,8 +316,9 @@ TEST(GqaCacheAppend, QuantizedSeparateAppendZeroesWithTheFormatsZero) {
   std::vector<std::byte> present(static_cast<std::size_t>(4 * f.row_bytes()), std::byte{0x11});
   const gqa::CacheTensor t{present.data(), f, 1, 4, &scale};
   float scratch[3];
-  gqa::append_head(nullptr, t, false, gqa::HeadAppend{0, 0, 0, 1}, 0, 0,
-                   [](std::int64_t, float* x) { x[0] = 1.0f, x[1] = -3.2f, x[2] = 9.0f; }, scratch);
+  gqa::append_head(
+      nullptr, t, false, gqa::HeadAppend{0, 0, 0, 1}, 0, 0,
+      [](std::int64_t, float* x) { x[0] = 1.0f, x[1] = -3.2f, x[2] = 9.0f; }, scratch);
   EXPECT_EQ(static_cast<int>(present[0]), ((2 + 8) & 0xF) | ((-6 + 8) << 4));
   EXPECT_EQ(static_cast<int>(present[1]), ((7 + 8) & 0xF) | (8 << 4)) << "9 / 0.5 clamps to 7; the pad nibble is 0";
   for (std::size_t i = 2; i < present.size(); ++i) EXPECT_EQ(static_cast<int>(present[i]), 0x88) << i;

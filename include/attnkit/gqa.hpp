@@ -10,9 +10,8 @@
 // design and every place this differs from ONNX Runtime.
 #pragma once
 
-#include <attnkit/attention.hpp>
-
 #include <array>
+#include <attnkit/attention.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -88,8 +87,8 @@ std::string_view gqa_output_name(int index);
 struct GqaAttributes {
   std::int64_t num_heads = 0;
   std::int64_t kv_num_heads = 0;
-  float scale = 0.0f;                 // 0: 1/sqrt(H)
-  float softcap = 0.0f;               // 0: off
+  float scale = 0.0f;                   // 0: 1/sqrt(H)
+  float softcap = 0.0f;                 // 0: off
   std::int64_t local_window_size = -1;  // -1: off; W >= 1: key j visible to position p when p - W < j <= p
   std::int64_t causal = 1;
   std::int64_t do_rotary = 0;
@@ -109,8 +108,9 @@ struct GqaConfig {
 };
 
 // What a call produces, as ONNX Runtime infers it: a binding allocates the outputs from this. present_key /
-// present_value get past_key's shape when past_key is given (pass the same memory for a shared buffer),
-// else (B, Nkv, total_sequence_length, H or (H+1)/2). output_qk is produced only when qk_output != 0.
+// present_value have max(total_sequence_length, past_key's rows) rows (a window cache: past_key's rows), and
+// (H+1)/2 bytes per row for int4; pass past_key's memory as present_key for an in-place (shared) cache.
+// output_qk is produced only when qk_output != 0.
 struct GqaOutputSpec {
   bool produced = false;
   ElementType type = ElementType::float32;
@@ -130,7 +130,8 @@ class GroupQueryAttention {
 
   const GqaAttributes& attributes() const;
   // Checks every input and output against the contract, then computes. Nothing is written when a check fails.
-  // Scratch (the rotated Q, the core's workspace) is kept between calls.
+  // Scratch (the rotated Q, the core's workspace) is kept between calls, so one object runs one call at a time
+  // (use one object per thread).
   void run(const GqaInputs& inputs, const GqaOutputs& outputs);
   // What the last run did: the step (first prompt, decode, chunk), the cache mode, and the core's kernel.
   std::string describe() const;

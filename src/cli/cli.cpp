@@ -13,7 +13,8 @@ int run(int argc, const char* const* argv) { return run(argc, argv, std::cout, s
 
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"attnkit: fused attention kernels. Describe the machine, verify the case list against the "
-               "float64 reference, or time the fused op against GEMM + softmax + GEMM.",
+               "float64 reference, time the fused op against GEMM + softmax + GEMM, or run GroupQueryAttention's prefill and "
+               "decode steps.",
                "attnkit"};
   app.require_subcommand(1, 1);
   app.set_version_flag("--version", library_version());
@@ -21,9 +22,11 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   InfoOptions info_opts;
   VerifyOptions verify_opts;
   BenchOptions bench_opts;
+  GqaBenchOptions gqa_opts;
   CLI::App* info = add_info_command(app, info_opts);
   CLI::App* verify = add_verify_command(app, verify_opts);
   CLI::App* bench = add_bench_command(app, bench_opts);
+  CLI::App* gqa = add_gqa_command(app, gqa_opts);
 
   // An embedding caller may pass no program name; CLI11 expects one.
   const char* const fallback[] = {"attnkit"};
@@ -42,6 +45,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     if (info->parsed()) return run_info(info_opts, ctx);
     if (verify->parsed()) return run_verify(verify_opts, ctx);
     if (bench->parsed()) return run_bench(bench_opts, ctx);
+    if (gqa->parsed()) return run_gqa(gqa_opts, ctx);
   } catch (const UsageError& e) {
     out.flush();
     err << "attnkit: error: " << e.what() << "\n";

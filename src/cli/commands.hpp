@@ -117,4 +117,23 @@ struct BenchOptions {
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& opts);
 int run_bench(const BenchOptions& opts, Context& ctx);
 
+// `attnkit gqa` (gqa.cpp): GroupQueryAttention prefill + decode steps of a model shape (Llama-3-8B default).
+struct GqaBenchOptions {
+  std::int64_t batch = 1;
+  std::int64_t prompt = 512;
+  std::int64_t steps = 32;
+  std::int64_t heads = 32;
+  std::int64_t kv_heads = 8;
+  std::int64_t head_size = 128;
+  std::string dtype = "float32";  // the query's type (a float --cache sets it)
+  std::string cache = "float32";  // float32 | float16 | bfloat16 | int8 | int4
+  std::string quant = "per-channel";
+  std::int64_t window = -1;
+  bool rotary = true;
+  int threads = 0;
+  std::uint64_t seed = kDefaultSeed;
+};
+CLI::App* add_gqa_command(CLI::App& app, GqaBenchOptions& opts);
+int run_gqa(const GqaBenchOptions& opts, Context& ctx);
+
 }  // namespace attnkit::cli

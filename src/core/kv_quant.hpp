@@ -8,13 +8,12 @@
 // tile sees the same K/V as one that reads a dequantized float32 copy.
 #pragma once
 
-#include "portable.hpp"
-
-#include <attnkit/attention.hpp>
-
 #include <algorithm>
+#include <attnkit/attention.hpp>
 #include <cmath>
 #include <cstdint>
+
+#include "portable.hpp"
 
 namespace attnkit::core {
 

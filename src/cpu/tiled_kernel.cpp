@@ -41,7 +41,7 @@ constexpr int kKeysPerStep = 6;
 constexpr float kExpFloor = -87.3f;
 
 // Widens `n` elements of type `t` at `src` into `dst`.
-void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst) {
+HWY_INLINE void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst) {
   if (t == DType::f32) {
     std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
     return;
@@ -64,7 +64,7 @@ void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst
 // Widens row `index` (in values) of a K or V buffer into `dst`: a float type as widen_row does, a quantized one
 // dequantized (q * scale in float32, the product every reader of the format computes: core/kv_quant.hpp).
 // `scales` is the row's kv head's first channel scale (per channel) or the tensor's one scale.
-void widen_kv_row(const void* base, std::int64_t index, KvStorage storage, DType t, std::int64_t n,
+HWY_NOINLINE void widen_kv_row(const void* base, std::int64_t index, KvStorage storage, DType t, std::int64_t n,
                   const float* HWY_RESTRICT scales, float* HWY_RESTRICT dst) {
   if (storage.type == KvType::Float) {
     widen_row(static_cast<const char*>(base) + index * static_cast<std::int64_t>(dtype_size(t)), t, n, dst);
@@ -117,8 +117,8 @@ const float* kv_head_scales(const ConstBuffer& scales, KvStorage storage, std::i
 }
 
 // `n` mask values from element `index` as float32: in place for a float32 mask, else widened into `buf`.
-const float* mask_values(const AttentionProblem& p, const AttentionArgs& a, std::int64_t index, std::int64_t n,
-                         float* HWY_RESTRICT buf) {
+HWY_NOINLINE const float* mask_values(const AttentionProblem& p, const AttentionArgs& a, std::int64_t index,
+                                      std::int64_t n, float* HWY_RESTRICT buf) {
   if (p.mask_dtype == DType::f32) return static_cast<const float*>(a.mask.data) + index;
   widen_row(static_cast<const char*>(a.mask.data) + index * static_cast<std::int64_t>(dtype_size(p.mask_dtype)),
             p.mask_dtype, n, buf);
@@ -372,6 +372,7 @@ void run_item(const ItemJob& job) {
   // A mask that is the same for every row of this item (a key-padding mask) is added as a broadcast.
   const bool mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
   // K and V rows are read in place when they are float32; otherwise widened (or dequantized) per tile.
+  const bool both_float = p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
   const bool k_in_place = p.dtype == DType::f32 && p.k_storage.type == KvType::Float;
   const bool v_in_place = p.dtype == DType::f32 && p.v_storage.type == KvType::Float;
   const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
@@ -388,16 +389,19 @@ void run_item(const ItemJob& job) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t krow = p.k.index(job.b, job.kvh, k0 + j);
       const std::int64_t vrow = p.v.index(job.b, job.kvh, k0 + j);
-      if (k_in_place) {
+      if (k_in_place && v_in_place) {
         w.krow[j] = static_cast<const float*>(a.k.data) + krow;
-      } else {
-        widen_kv_row(a.k.data, krow, p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
-        w.krow[j] = w.kbuf + j * dim;
-      }
-      if (v_in_place) {
         w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
-      } else {
+      } else if (both_float) {  // float16 / bfloat16: the path as it was before quantized caches (inlined widening)
+        const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+        widen_row(static_cast<const char*>(a.k.data) + krow * es, p.dtype, dim, w.kbuf + j * dim);
+        widen_row(static_cast<const char*>(a.v.data) + vrow * es, p.dtype, dv, w.vbuf + j * dv);
+        w.krow[j] = w.kbuf + j * dim;
+        w.vrow[j] = w.vbuf + j * dv;
+      } else {  // a quantized K and/or V: dequantized into the same buffers
+        widen_kv_row(a.k.data, krow, p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
         widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
+        w.krow[j] = w.kbuf + j * dim;
         w.vrow[j] = w.vbuf + j * dv;
       }
     }
@@ -420,7 +424,8 @@ void run_item(const ItemJob& job) {
         for (std::int64_t j = 0; j < n; ++j) w.st[j * kRowBlock + r] += m[j];
       }
     }
-    const float* key_mask = mask_per_key ? mask_values(p, a, p.mask.index(job.b, w.head[0], 0) + k0, n, w.mrow) : nullptr;
+    const float* key_mask =
+        mask_per_key ? mask_values(p, a, p.mask.index(job.b, w.head[0], 0) + k0, n, w.mrow) : nullptr;
 
     for (std::size_t v = 0; v < nvec; ++v) {
       const auto lane_begin = hn::Load(di, w.begin + v * L);

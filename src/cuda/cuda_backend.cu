@@ -102,7 +102,7 @@ bool is_device_pointer(const void* p) {
 }
 
 CudaPlan plan(const AttentionProblem& p) {
-  if (p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) throw Error("k_storage", "quantized (int8/int4) K/V caches run on the CPU backends only, not on CUDA");
+  if (p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) throw Error(p.k_storage.type != KvType::Float ? "k_storage" : "v_storage", "quantized (int8/int4) K/V caches run on the CPU backends only, not on CUDA");
   if (p.mask_dtype != DType::f32) throw Error("mask_dtype", "the CUDA backend takes a float32 mask only");
   if (!available()) throw Error("config.backend", "no CUDA device is present");
   CudaPlan plan;

@@ -1,13 +1,12 @@
 // Every rule of the GQA contract (/work/shared/SPEC-gqa.md; docs/gqa.md): attributes once, then inputs and
 // outputs per call, each failure an Error that names the input and states the rule. Nothing here writes.
-#include "gqa_plan.hpp"
-
-#include "../core/kv_quant.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+
+#include "../core/kv_quant.hpp"
+#include "gqa_plan.hpp"
 
 namespace attnkit::gqa {
 namespace {
@@ -61,8 +60,8 @@ template <class View>
 void check_shape(const View& t, const std::string& name, const std::vector<std::int64_t>& want,
                  const std::string& meaning) {
   check_tensor(t, name, want.size());
-  require(t.shape == want, name, "must have shape " + meaning + " = " + shape_string(want) + ", got " +
-                                     shape_string(t.shape));
+  require(t.shape == want, name,
+          "must have shape " + meaning + " = " + shape_string(want) + ", got " + shape_string(t.shape));
 }
 
 template <class View>
@@ -70,9 +69,7 @@ void check_type(const View& t, const std::string& name, ElementType want, const 
   require(t.type == want, name, "must be " + type_name(want) + " (" + why + "), got " + type_name(t.type));
 }
 
-void check_flag(std::int64_t v, const char* name) {
-  require(v == 0 || v == 1, name, "must be 0 or 1, got " + str(v));
-}
+void check_flag(std::int64_t v, const char* name) { require(v == 0 || v == 1, name, "must be 0 or 1, got " + str(v)); }
 
 KvQuant parse_quant(const std::string& s, const char* name) {
   if (s == "NONE") return KvQuant::None;
@@ -101,8 +98,8 @@ void check_cache_type(const TensorView& t, const std::string& name, const CacheF
 }
 
 // The BNSH shape of a cache tensor: (B, Nkv, rows, last_dim); returns rows.
-std::int64_t check_cache_shape(const TensorView& t, const std::string& name, const CacheFormat& f,
-                               std::int64_t batch, std::int64_t kv_heads) {
+std::int64_t check_cache_shape(const TensorView& t, const std::string& name, const CacheFormat& f, std::int64_t batch,
+                               std::int64_t kv_heads) {
   check_tensor(t, name, 4);
   const std::string last = f.storage.type == KvType::Int4 ? "(head_size + 1) / 2 bytes" : "head_size";
   require(t.shape[0] == batch && t.shape[1] == kv_heads && t.shape[3] == f.last_dim(), name,
@@ -123,10 +120,9 @@ const float* check_scales(const TensorView& t, const char* name, const char* att
   check_type(t, name, ElementType::float32, "dequantization scales");
   const std::int64_t need = core::kv_scale_count(quant, kv_heads, head_size);
   require(t.elements() == need, name,
-          quant == KvQuant::PerTensor
-              ? "must hold 1 value for PER_TENSOR, got shape " + shape_string(t.shape)
-              : "must hold kv_num_heads * head_size = " + str(need) + " values for PER_CHANNEL, got shape " +
-                    shape_string(t.shape));
+          quant == KvQuant::PerTensor ? "must hold 1 value for PER_TENSOR, got shape " + shape_string(t.shape)
+                                      : "must hold kv_num_heads * head_size = " + str(need) +
+                                            " values for PER_CHANNEL, got shape " + shape_string(t.shape));
   require(t.data != nullptr, name, "has no data");
   const auto* s = static_cast<const float*>(t.data);
   for (std::int64_t i = 0; i < need; ++i) {
@@ -151,15 +147,16 @@ void check_overlaps(const std::vector<Region>& regions, const void* shared_key, 
     for (std::size_t j = 0; j < regions.size(); ++j) {
       const Region& r = regions[j];
       if (i == j || r.data == nullptr || r.bytes <= 0 || (r.written && j < i)) continue;
-      const bool alias = w.data == r.data && w.bytes == r.bytes &&
-                         (w.data == shared_key || w.data == shared_value) && w.data != nullptr;
+      const bool alias = w.data == r.data && w.bytes == r.bytes && (w.data == shared_key || w.data == shared_value) &&
+                         w.data != nullptr;
       if (alias && ((w.name == "present_key" && r.name == "past_key") ||
                     (w.name == "present_value" && r.name == "past_value"))) {
         continue;
       }
       const auto w0 = reinterpret_cast<std::uintptr_t>(w.data);
       const auto r0 = reinterpret_cast<std::uintptr_t>(r.data);
-      const bool overlap = w0 < r0 + static_cast<std::uintptr_t>(r.bytes) && r0 < w0 + static_cast<std::uintptr_t>(w.bytes);
+      const bool overlap =
+          w0 < r0 + static_cast<std::uintptr_t>(r.bytes) && r0 < w0 + static_cast<std::uintptr_t>(w.bytes);
       require(!overlap, w.name,
               "must not overlap " + r.name +
                   " (outputs may share memory with no other tensor, except a present cache that is its past "
@@ -193,9 +190,9 @@ GqaSettings check_attributes(const GqaAttributes& a) {
           "must be 0 (none), 1 (before softmax) or 2 (after softmax), got " + str(a.qk_output));
   require(a.local_window_size == -1 || a.local_window_size >= 1, "local_window_size",
           "must be -1 (off) or >= 1 (the keys each query sees, itself included), got " + str(a.local_window_size));
-  require(a.causal == 1 || a.local_window_size == -1, "local_window_size",
-          "must be -1 when causal = 0 (a window is measured back from the causal limit), got " +
-              str(a.local_window_size));
+  require(
+      a.causal == 1 || a.local_window_size == -1, "local_window_size",
+      "must be -1 when causal = 0 (a window is measured back from the causal limit), got " + str(a.local_window_size));
   require(a.sliding_window_cache == 0 || a.local_window_size >= 1, "sliding_window_cache",
           "= 1 needs local_window_size >= 1 (the window the cache keeps)");
   require(std::isfinite(a.qk_norm_epsilon) && a.qk_norm_epsilon > 0.0f, "qk_norm_epsilon", "must be finite and > 0");
@@ -244,8 +241,8 @@ void plan_tokens(const GqaSettings& st, const GqaInputs& in, GqaPlan& g) {
   const std::int64_t width = q.shape[2];
   const std::int64_t heads_in_query = g.packed ? g.heads + 2 * g.kv_heads : g.heads;
   require(width % heads_in_query == 0, "query",
-          g.packed ? "packed QKV: dimension 2 (" + str(width) + ") must be a multiple of num_heads + 2 * kv_num_heads = " +
-                         str(heads_in_query)
+          g.packed ? "packed QKV: dimension 2 (" + str(width) +
+                         ") must be a multiple of num_heads + 2 * kv_num_heads = " + str(heads_in_query)
                    : "dimension 2 (" + str(width) + ") must be a multiple of num_heads = " + str(heads_in_query));
   g.head_size = width / heads_in_query;
   require(g.head_size >= 1 && g.head_size <= kMaxHeadSize, "query",
@@ -343,8 +340,9 @@ void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
     const std::int64_t sk = seqlens[b];
     require(sk >= 0, name, "= " + str(sk) + " must be >= 0 (it is the sequence's total length minus one)");
     const std::int64_t total = sk + 1;
-    require(total <= g.total, name,
-            "= " + str(sk) + ": the sequence's " + str(total) + " tokens exceed total_sequence_length = " + str(g.total));
+    require(
+        total <= g.total, name,
+        "= " + str(sk) + ": the sequence's " + str(total) + " tokens exceed total_sequence_length = " + str(g.total));
     std::int64_t past = 0;
     // A first prompt has sequence_length == total_sequence_length, so the rule above keeps its lengths <= S.
     if (!g.first_prompt) {
@@ -377,12 +375,12 @@ void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
       const std::int64_t drop = std::max<std::int64_t>(0, past_rows + g.seq - capacity);
       const std::int64_t first = past - past_rows + drop;
       const std::int64_t needed = std::max<std::int64_t>(0, past + 1 - st.window);
-      require(first <= needed, "present_key",
-              "sliding_window_cache: batch entry " + str(b) + " keeps tokens from " + str(first) +
-                  " on, but its first query (position " + str(past) + ") sees tokens from " + str(needed) +
-                  " on: the window cache needs local_window_size - 1 + sequence_length = " +
-                  str(st.window - 1 + g.seq) + " rows (it has " + str(capacity) + ", and past_key " +
-                  str(past_capacity) + ")");
+      require(
+          first <= needed, "present_key",
+          "sliding_window_cache: batch entry " + str(b) + " keeps tokens from " + str(first) +
+              " on, but its first query (position " + str(past) + ") sees tokens from " + str(needed) +
+              " on: the window cache needs local_window_size - 1 + sequence_length = " + str(st.window - 1 + g.seq) +
+              " rows (it has " + str(capacity) + ", and past_key " + str(past_capacity) + ")");
       r.past_rows = static_cast<std::int32_t>(past_rows);
       r.drop = static_cast<std::int32_t>(drop);
       r.write_row = static_cast<std::int32_t>(past_rows - drop);
@@ -407,8 +405,8 @@ void plan_rotary_and_norm(const GqaSettings& st, const GqaInputs& in, GqaPlan& g
     check_type(in.sin_cache, "sin_cache", qt, "the query's type");
     const std::int64_t half = in.cos_cache.shape[1];
     require(half >= 1 && 2 * half <= g.head_size, "cos_cache",
-            "dimension 1 (rotary_dim / 2 = " + str(half) + ") must be in [1, head_size / 2 = " +
-                str(g.head_size / 2) + "]");
+            "dimension 1 (rotary_dim / 2 = " + str(half) + ") must be in [1, head_size / 2 = " + str(g.head_size / 2) +
+                "]");
     g.cos_cache = in.cos_cache.data;
     g.sin_cache = in.sin_cache.data;
     g.rotary_half = half;
@@ -441,7 +439,8 @@ void plan_rotary_and_norm(const GqaSettings& st, const GqaInputs& in, GqaPlan& g
           in.q_norm_weight.present() ? "k_norm_weight" : "q_norm_weight",
           "q_norm_weight and k_norm_weight must both be given, or both be absent");
   if (in.q_norm_weight.present()) {
-    for (const auto& [t, name] : {std::pair{&in.q_norm_weight, "q_norm_weight"}, std::pair{&in.k_norm_weight, "k_norm_weight"}}) {
+    for (const auto& [t, name] :
+         {std::pair{&in.q_norm_weight, "q_norm_weight"}, std::pair{&in.k_norm_weight, "k_norm_weight"}}) {
       check_shape(*t, name, {g.head_size}, "(head_size)");
       check_type(*t, name, qt, "the query's type");
     }
@@ -480,12 +479,14 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
   }
 
   require(out.output.present(), "output", "is required");
-  check_shape(out.output, "output", {g.batch, g.seq, g.heads * g.head_size}, "(batch, sequence_length, num_heads * head_size)");
+  check_shape(out.output, "output", {g.batch, g.seq, g.heads * g.head_size},
+              "(batch, sequence_length, num_heads * head_size)");
   check_type(out.output, "output", qt, "the query's type");
   g.output = out.output.data;
   g.qk_output = st.qk_output;
   if (st.qk_output != QkOutput::None) {
-    require(out.output_qk.present(), "output_qk", "is required when qk_output = " + str(static_cast<int>(st.qk_output)));
+    require(out.output_qk.present(), "output_qk",
+            "is required when qk_output = " + str(static_cast<int>(st.qk_output)));
     check_shape(out.output_qk, "output_qk", {g.batch, g.heads, g.seq, g.total},
                 "(batch, num_heads, sequence_length, total_sequence_length)");
     check_type(out.output_qk, "output_qk", qt, "the query's type");
@@ -495,7 +496,9 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
   }
 }
 
-std::int64_t byte_size(const TensorView& t) { return t.present() ? t.elements() * static_cast<std::int64_t>(element_size(t.type)) : 0; }
+std::int64_t byte_size(const TensorView& t) {
+  return t.present() ? t.elements() * static_cast<std::int64_t>(element_size(t.type)) : 0;
+}
 
 }  // namespace
 

@@ -3,12 +3,11 @@
 // apart so that nothing is written before every rule has passed.
 #pragma once
 
-#include "kv_cache.hpp"
-
 #include <attnkit/gqa.hpp>
-
 #include <cstdint>
 #include <vector>
+
+#include "kv_cache.hpp"
 
 namespace attnkit::gqa {
 
@@ -19,9 +18,9 @@ enum class QkOutput : std::uint8_t { None = 0, BeforeSoftmax = 1, AfterSoftmax =
 struct GqaSettings {
   std::int64_t heads = 0;
   std::int64_t kv_heads = 0;
-  float scale = 0.0f;         // 0: 1/sqrt(H), resolved per call
-  float softcap = 0.0f;       // 0: off
-  std::int64_t window = 0;    // 0: off; W >= 1: W keys ending at the causal limit
+  float scale = 0.0f;       // 0: 1/sqrt(H), resolved per call
+  float softcap = 0.0f;     // 0: off
+  std::int64_t window = 0;  // 0: off; W >= 1: W keys ending at the causal limit
   bool causal = true;
   bool rotary = false;
   bool interleaved = false;
@@ -63,7 +62,7 @@ struct GqaPlan {
   Layout q_in, k_in, v_in;
 
   // The caches.
-  CacheTensor past_key, past_value;      // data null when absent
+  CacheTensor past_key, past_value;  // data null when absent
   CacheTensor present_key, present_value;
   bool has_past = false;
   bool shared = false;   // past and present are the same memory: append in place
@@ -79,10 +78,10 @@ struct GqaPlan {
   bool interleaved = false;
   const void* cos_cache = nullptr;
   const void* sin_cache = nullptr;
-  std::int64_t rotary_half = 0;    // cos_cache.shape[1]: rot / 2
+  std::int64_t rotary_half = 0;     // cos_cache.shape[1]: rot / 2
   std::int64_t rotary_max_len = 0;  // cos_cache.shape[0]
   const std::int64_t* position_ids = nullptr;
-  std::int64_t position_row = 0;   // position_ids.shape[1]
+  std::int64_t position_row = 0;  // position_ids.shape[1]
   bool qk_norm = false;
   const void* q_norm_weight = nullptr;
   const void* k_norm_weight = nullptr;

@@ -9,7 +9,11 @@
 //   attention         the core (Attention) reading Q' and the present caches in place: key lengths, per-batch
 //                     causal offsets, window, softcap, bias as its mask, sinks
 //   output_qk         optional, from the same core problem (output_qk.cpp)
+#include <omp.h>
+
+#include <algorithm>
 #include <attnkit/gqa.hpp>
+#include <cstring>
 
 #include "../core/kv_quant.hpp"
 #include "../core/problem_check.hpp"
@@ -17,11 +21,6 @@
 #include "output_qk.hpp"
 #include "qk_norm.hpp"
 #include "rotary.hpp"
-
-#include <omp.h>
-
-#include <algorithm>
-#include <cstring>
 
 namespace attnkit {
 namespace {
@@ -61,8 +60,7 @@ void prepare_row(const gqa::GqaPlan& g, const void* base, std::int64_t index, co
   for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = load_as_float(base, g.dtype, index + d);
   if (g.qk_norm) gqa::rms_norm_row(row, g.head_size, norm_weight, g.dtype, g.norm_epsilon);
   if (g.rotary) {
-    gqa::rotate_row(row, gqa::RotaryTables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved},
-                    position);
+    gqa::rotate_row(row, gqa::RotaryTables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved}, position);
   }
   for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = round_to(g.dtype, row[d]);
 }
@@ -91,9 +89,9 @@ struct GroupQueryAttention::Impl {
 };
 
 std::vector<GroupQueryAttention::Impl::CoreCall> GroupQueryAttention::Impl::core_calls(const gqa::GqaPlan& g,
-                                                                                      const void* q,
-                                                                                      std::int64_t q_elements,
-                                                                                      bool q_prepared) {
+                                                                                       const void* q,
+                                                                                       std::int64_t q_elements,
+                                                                                       bool q_prepared) {
   const std::int64_t B = g.batch;
   key_rows.resize(static_cast<std::size_t>(B));
   offsets.resize(static_cast<std::size_t>(B));
@@ -133,7 +131,7 @@ std::vector<GroupQueryAttention::Impl::CoreCall> GroupQueryAttention::Impl::core
   p.has_key_lengths = true;
   p.causal = g.causal;
   p.has_causal_offsets = g.causal;
-  if (g.window > 0) p.window = g.window + 1;
+  if (g.window > 0) p.window = g.window;
   if (g.softcap > 0.0f) p.softcap = g.softcap;
   p.has_head_sink = g.sink != gqa::SinkMode::None;
   // A row can see no key only when a -inf bias hides them all, or in a padded prompt row past its window:
@@ -147,7 +145,9 @@ std::vector<GroupQueryAttention::Impl::CoreCall> GroupQueryAttention::Impl::core
 
   AttentionArgs a;
   a.q = {q, q_elements};
-  const auto cache_values = [&](const gqa::CacheTensor& c) { return B * c.kv_heads * c.capacity * c.format.row_values(); };
+  const auto cache_values = [&](const gqa::CacheTensor& c) {
+    return B * c.kv_heads * c.capacity * c.format.row_values();
+  };
   a.k = {g.present_key.data, cache_values(g.present_key)};
   a.v = {g.present_value.data, cache_values(g.present_value)};
   a.o = {g.output, B * g.seq * g.heads * g.head_size};
@@ -236,17 +236,19 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
     float row[kMaxHeadSize];
     const gqa::CacheTensor* past_k = g.has_past ? &g.past_key : nullptr;
     const gqa::CacheTensor* past_v = g.has_past ? &g.past_value : nullptr;
-    gqa::append_head(past_k, g.present_key, g.shared, rows, b, h,
-                     [&](std::int64_t s, float* x) {
-                       prepare_row(g, g.key, g.k_in.index(b, h, s), g.k_norm_weight, g.position(b, s), x);
-                     },
-                     row);
-    gqa::append_head(past_v, g.present_value, g.shared, rows, b, h,
-                     [&](std::int64_t s, float* x) {
-                       const std::int64_t at = g.v_in.index(b, h, s);
-                       for (std::int64_t d = 0; d < g.head_size; ++d) x[d] = load_as_float(g.value, g.dtype, at + d);
-                     },
-                     row);
+    gqa::append_head(
+        past_k, g.present_key, g.shared, rows, b, h,
+        [&](std::int64_t s, float* x) {
+          prepare_row(g, g.key, g.k_in.index(b, h, s), g.k_norm_weight, g.position(b, s), x);
+        },
+        row);
+    gqa::append_head(
+        past_v, g.present_value, g.shared, rows, b, h,
+        [&](std::int64_t s, float* x) {
+          const std::int64_t at = g.v_in.index(b, h, s);
+          for (std::int64_t d = 0; d < g.head_size; ++d) x[d] = load_as_float(g.value, g.dtype, at + d);
+        },
+        row);
   }
 
   for (std::size_t i = 0; i < calls.size(); ++i) ops[i].run(calls[i].args);
@@ -254,13 +256,16 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
   if (g.qk_output != gqa::QkOutput::None) {
     for (const CoreCall& c : calls) {
       const std::int64_t row_block = g.heads * g.seq * g.total * static_cast<std::int64_t>(es);
-      gqa::write_output_qk(c.problem, c.args, g.qk_output == gqa::QkOutput::AfterSoftmax,
-                           first.data() + c.batch_offset, g.total,
-                           static_cast<std::byte*>(g.output_qk) + c.batch_offset * row_block, g.dtype, threads);
+      gqa::write_output_qk(c.problem, c.args, g.qk_output == gqa::QkOutput::AfterSoftmax, first.data() + c.batch_offset,
+                           g.total, static_cast<std::byte*>(g.output_qk) + c.batch_offset * row_block, g.dtype,
+                           threads);
     }
   }
 
-  last = "gqa " + step_name(g) + ", " + (g.sliding ? "window cache" : g.shared ? "shared cache" : "separate caches") +
+  last = "gqa " + step_name(g) + ", " +
+         (g.sliding  ? "window cache"
+          : g.shared ? "shared cache"
+                     : "separate caches") +
          " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
          (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
          std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + ops.front().describe();

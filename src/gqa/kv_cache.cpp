@@ -1,9 +1,9 @@
 // The KV cache unit (see kv_cache.hpp): row formats, quantizing stores, and the append of one head.
 #include "kv_cache.hpp"
 
-#include "../core/kv_quant.hpp"
-
 #include <cstring>
+
+#include "../core/kv_quant.hpp"
 
 namespace attnkit::gqa {
 

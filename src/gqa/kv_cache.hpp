@@ -10,7 +10,6 @@
 #pragma once
 
 #include <attnkit/attention.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -19,8 +18,8 @@ namespace attnkit::gqa {
 
 // How one cache tensor stores a row of `head_size` values.
 struct CacheFormat {
-  KvStorage storage;          // Float (dtype), or Int8 / Int4 with its quantization
-  DType dtype = DType::f32;   // the float type (Float storage)
+  KvStorage storage;         // Float (dtype), or Int8 / Int4 with its quantization
+  DType dtype = DType::f32;  // the float type (Float storage)
   std::int64_t head_size = 0;
 
   // Values one row spans in the buffer: head_size, or head_size rounded up to even for int4 (a whole byte).

@@ -1,12 +1,12 @@
 #include "output_qk.hpp"
 
-#include "../core/kv_quant.hpp"
-#include "../core/score_transform.hpp"
-#include "../core/visibility.hpp"
-
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "../core/kv_quant.hpp"
+#include "../core/score_transform.hpp"
+#include "../core/visibility.hpp"
 
 namespace attnkit::gqa {
 

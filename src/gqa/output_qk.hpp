@@ -8,7 +8,6 @@
 #pragma once
 
 #include <attnkit/attention.hpp>
-
 #include <cstdint>
 
 namespace attnkit::gqa {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <attnkit/dtype.hpp>
-
 #include <cstdint>
 
 namespace attnkit::gqa {

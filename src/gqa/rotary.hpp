@@ -6,7 +6,6 @@
 #pragma once
 
 #include <attnkit/dtype.hpp>
-
 #include <cstdint>
 
 namespace attnkit::gqa {

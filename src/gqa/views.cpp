@@ -38,12 +38,23 @@ std::int64_t product(const std::vector<std::int64_t>& shape) {
 }
 
 // ONNX Runtime's input and output names, in its order.
-constexpr std::string_view kInputNames[GqaInputs::kCount] = {
-    "query",     "key",       "value",          "past_key",  "past_value",   "seqlens_k",
-    "total_sequence_length",  "cos_cache",      "sin_cache", "position_ids", "attention_bias",
-    "head_sink", "k_scale",   "v_scale",        "q_norm_weight",             "k_norm_weight"};
-constexpr std::string_view kOutputNames[GqaOutputs::kCount] = {"output", "present_key", "present_value",
-                                                               "output_qk"};
+constexpr std::string_view kInputNames[GqaInputs::kCount] = {"query",
+                                                             "key",
+                                                             "value",
+                                                             "past_key",
+                                                             "past_value",
+                                                             "seqlens_k",
+                                                             "total_sequence_length",
+                                                             "cos_cache",
+                                                             "sin_cache",
+                                                             "position_ids",
+                                                             "attention_bias",
+                                                             "head_sink",
+                                                             "k_scale",
+                                                             "v_scale",
+                                                             "q_norm_weight",
+                                                             "k_norm_weight"};
+constexpr std::string_view kOutputNames[GqaOutputs::kCount] = {"output", "present_key", "present_value", "output_qk"};
 }  // namespace
 
 std::int64_t TensorView::elements() const { return product(shape); }
@@ -57,10 +68,10 @@ std::string_view gqa_output_name(int index) {
 }
 
 TensorView& GqaInputs::input(int index) {
-  TensorView* const all[kCount] = {&query,     &key,          &value,          &past_key,  &past_value,
-                                   &seqlens_k, &total_sequence_length,            &cos_cache, &sin_cache,
-                                   &position_ids, &attention_bias, &head_sink,    &k_scale,   &v_scale,
-                                   &q_norm_weight, &k_norm_weight};
+  TensorView* const all[kCount] = {
+      &query,         &key,          &value,        &past_key,       &past_value, &seqlens_k, &total_sequence_length,
+      &cos_cache,     &sin_cache,    &position_ids, &attention_bias, &head_sink,  &k_scale,   &v_scale,
+      &q_norm_weight, &k_norm_weight};
   if (index < 0 || index >= kCount) throw Error("inputs", "index " + std::to_string(index) + " is outside 0..15");
   return *all[index];
 }

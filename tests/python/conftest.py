@@ -34,3 +34,27 @@ def randn(rng):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np_dtype(dtype))
 
     return make
+
+
+def pytest_report_header(config):
+    """The oracle's version, in every session's header (the GQA conformance tests run against it)."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        return "onnxruntime: not installed (GroupQueryAttention conformance tests skip)"
+    return f"onnxruntime: {onnxruntime.__version__} (CPUExecutionProvider), onnx: {onnx.__version__}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The GroupQueryAttention sweep's tally: cases run against ONNX Runtime, against the reference, and why."""
+    stats = getattr(sys.modules.get("gqa_cases"), "STATS", None)
+    if not stats or not stats["cases"]:
+        return
+    tr = terminalreporter
+    tr.write_sep("-", "GroupQueryAttention conformance")
+    tr.write_line(f"{stats['cases']} cases in {stats['seconds']:.1f} s: {stats['ort']} against ONNX Runtime, "
+                  f"{stats['reference']} against the float64 reference only; "
+                  f"{stats['both']} of the ONNX Runtime cases also against the reference")
+    for reason, n in sorted(stats["reasons"].items(), key=lambda kv: -kv[1]):
+        tr.write_line(f"  reference: {n:3d} x {reason}")
