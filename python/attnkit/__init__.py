@@ -3,6 +3,10 @@
 ``attnkit.attention(q, k, v)`` computes ``softmax(scale * q @ k^T + mask) @ v`` for every batch entry and
 head in one fused pass, reading the arrays where they lie (zero-copy, any non-negative strides whose
 innermost dimension is contiguous). See ``help(attnkit.attention)``.
+
+``attnkit.group_query_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, ...)``
+is ONNX Runtime's ``com.microsoft.GroupQueryAttention`` operator (inputs, attributes and outputs by its names) on
+host arrays. See ``help(attnkit.group_query_attention)``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from . import _attnkit
 
-__all__ = ["attention", "available_backends", "__version__"]
+__all__ = ["attention", "group_query_attention", "available_backends", "__version__"]
 
 __version__: str = _attnkit.__version__
 
@@ -229,3 +233,197 @@ def attention(
         _allocator(q),
     )
     return (o, lse) if return_lse else o
+
+
+def _int_attribute(name: str, value: Any) -> int:
+    """An integer attribute (a bool counts as 0 / 1, as ONNX flags do)."""
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: must be an integer, got {type(value).__name__}") from None
+
+
+def _float_attribute(name: str, value: Any) -> float:
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise TypeError(f"{name}: must be a real number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: must be a real number, got {type(value).__name__}") from None
+
+
+def _string_attribute(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: must be a string ('NONE', 'PER_TENSOR' or 'PER_CHANNEL'), got {type(value).__name__}")
+    return value
+
+
+def _total_sequence_length(value: Any) -> Any:
+    """An int becomes the int32 scalar array ONNX Runtime takes; an array is passed as it is."""
+    if value is None:
+        raise TypeError("total_sequence_length: is required (int32 scalar: the longest sequence's total length, "
+                        "past + new)")
+    if isinstance(value, bool):
+        raise TypeError("total_sequence_length: must be an int or an int32 array, got bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        return value
+    import numpy as np
+
+    if not -(2**31) <= n < 2**31:
+        raise ValueError(f"total_sequence_length: = {n} does not fit in int32")
+    return np.array(n, dtype=np.int32)
+
+
+def _gqa_allocator(query: Any):
+    """``alloc(shape, dtype_name)`` for the outputs not passed in: torch tensors for torch input, else NumPy."""
+
+    def alloc(shape: Tuple[int, ...], dtype_name: str):
+        if _is_torch_tensor(query):
+            import torch
+
+            return torch.empty(shape, dtype=getattr(torch, dtype_name), device=query.device)
+        import numpy as np
+
+        if dtype_name == "bfloat16":
+            import ml_dtypes
+
+            return np.empty(shape, dtype=ml_dtypes.bfloat16)
+        return np.empty(shape, dtype=np.dtype(dtype_name))
+
+    return alloc
+
+
+def group_query_attention(
+    query: Any,
+    key: Any = None,
+    value: Any = None,
+    past_key: Any = None,
+    past_value: Any = None,
+    seqlens_k: Any = None,
+    total_sequence_length: Any = None,
+    cos_cache: Any = None,
+    sin_cache: Any = None,
+    position_ids: Any = None,
+    attention_bias: Any = None,
+    head_sink: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    q_norm_weight: Any = None,
+    k_norm_weight: Any = None,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    local_window_size: int = -1,
+    causal: int = 1,
+    do_rotary: int = 0,
+    rotary_interleaved: int = 0,
+    smooth_softmax: int = -1,
+    qk_output: int = 0,
+    k_quant_type: str = "NONE",
+    v_quant_type: str = "NONE",
+    kv_cache_bit_width: int = 0,
+    sliding_window_cache: int = 0,
+    qk_norm_epsilon: float = 1e-6,
+    present_key: Any = None,
+    present_value: Any = None,
+    output: Any = None,
+    output_qk: Any = None,
+    threads: Optional[int] = None,
+) -> Tuple[Any, ...]:
+    """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (its newest schema) on the CPU.
+
+    Inputs, attributes and outputs have ONNX Runtime's names, order, shapes and defaults (B batch, S new tokens,
+    N = num_heads, Nkv = kv_num_heads, H head size, T total_sequence_length, C cache rows). Arrays are taken as
+    they are (DLPack or the buffer protocol: NumPy, PyTorch CPU tensors, ...), never copied: they must be host
+    arrays, C-contiguous, of the types below. Absent optional inputs are None.
+
+    Args:
+        query: ``(B, S, N*H)``; or packed QKV ``(B, S, (N + 2*Nkv)*H)``, each token ``[Q | K | V]``, when key
+            and value are None. float32, float16 or bfloat16 (NumPy: ``ml_dtypes.bfloat16``); every float input
+            and output has this type.
+        key, value: ``(B, S, Nkv*H)``.
+        past_key, past_value: BNSH caches ``(B, Nkv, P, H)`` (int4: ``(B, Nkv, P, (H+1)//2)`` bytes): the query's
+            type, int8, or uint8 (int4, two values per byte) for quantized caches.
+        seqlens_k: int32 ``(B,)``: each sequence's total length (past + new) minus one. Required.
+        total_sequence_length: int32 scalar (or a Python int): the longest total length. ``S == T`` is a
+            first prompt (no past); otherwise sequence b has ``seqlens_k[b] + 1 - S`` past tokens. Required.
+        cos_cache, sin_cache: ``(max_positions, rotary_dim/2)`` for ``do_rotary``; rotary_dim may be less than H.
+        position_ids: int64 ``(B, S)``: rotary positions (default: each token's position in its sequence).
+        attention_bias: ``(B or 1, N or 1, S, T)``, added to the scores (after the softcap).
+        head_sink: ``(N,)``: a logit per head that joins the softmax denominator only.
+        k_scale, v_scale: float32 dequantization scales: 1 value (``PER_TENSOR``) or ``Nkv*H`` values
+            (``PER_CHANNEL``, any shape, e.g. ``(1, Nkv, 1, H)``).
+        q_norm_weight, k_norm_weight: ``(H,)``: per-head RMS norm of Q and K before rotary (both or neither).
+        num_heads, kv_num_heads: head counts; num_heads must be a multiple of kv_num_heads.
+        scale: score scale (0: ``1/sqrt(H)``). softcap: ``c * tanh(s / c)`` on the scores (0: off).
+        local_window_size: W >= 1: position p sees keys ``p - W < j <= p`` (W keys including itself); -1: off.
+            Needs causal = 1.
+        causal: 1 (default) or 0 (bidirectional over each sequence's keys).
+        do_rotary, rotary_interleaved: rotary embedding of Q and the new K (pairs ``(x[i], x[i + rot/2])``, or
+            ``(x[2i], x[2i+1])`` when interleaved).
+        smooth_softmax: 1: a zero logit in every denominator; 0 or -1 (ONNX Runtime's default): off. Not with
+            head_sink.
+        qk_output: 0 (default), 1 (also return the scores before the softmax) or 2 (the probabilities after it),
+            ``(B, N, S, T)``.
+        k_quant_type, v_quant_type: ``"NONE"``, ``"PER_TENSOR"`` or ``"PER_CHANNEL"``.
+        kv_cache_bit_width: 8 (int8) or 4 (int4) when a cache is quantized.
+        sliding_window_cache: 1: the caches are fixed-size windows of C rows that drop their oldest rows from the
+            front: after a call row r holds token ``T_b - L + r`` with ``L = min(T_b, C)`` (the window stays full).
+            Needs ``local_window_size`` W and ``C >= W - 1 + S``. ONNX Runtime 1.32's CPU kernel evicts
+            ``C - W + 1`` rows at a time instead, so with C > W the two read each other's window caches
+            differently; with ``C == W`` the layouts are the same.
+        qk_norm_epsilon: epsilon of the Q/K RMS norm.
+        present_key, present_value: the updated caches. Pass the same arrays as past_key / past_value (a shared
+            buffer of C >= every total length rows) to append in place; pass other writable arrays to have the
+            past copied into them; or leave them None to get new ones (ONNX Runtime's shape: past's rows, or
+            ``max(T, P)``).
+        output, output_qk: optional destinations (default: new arrays).
+        threads: CPU threads (default: all cores); the result does not depend on it.
+
+    Returns:
+        ``(output, present_key, present_value)``, plus ``output_qk`` when qk_output != 0. A present cache passed
+        in is returned as it is (for a shared buffer: past_key itself, appended in place).
+
+    Raises:
+        TypeError: an argument is not an array or has a type the op does not take.
+        ValueError: a shape, length, attribute or buffer breaks a rule; the message names the input and the rule
+            (``"seqlens_k[1]: = 900 exceeds the cache capacity 512 ..."``). Nothing is written: the outputs and
+            caches passed in are unchanged.
+    """
+    if seqlens_k is None:
+        raise TypeError("seqlens_k: is required (int32 (batch,): each sequence's total length minus one)")
+    inputs = (query, key, value, past_key, past_value, seqlens_k, _total_sequence_length(total_sequence_length),
+              cos_cache, sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+              k_norm_weight)
+    qk = _int_attribute("qk_output", qk_output)
+    results = _attnkit.group_query_attention(
+        inputs,
+        _int_attribute("num_heads", num_heads),
+        _int_attribute("kv_num_heads", kv_num_heads),
+        _float_attribute("scale", scale),
+        _float_attribute("softcap", softcap),
+        _int_attribute("local_window_size", local_window_size),
+        _int_attribute("causal", causal),
+        _int_attribute("do_rotary", do_rotary),
+        _int_attribute("rotary_interleaved", rotary_interleaved),
+        _int_attribute("smooth_softmax", smooth_softmax),
+        qk,
+        _string_attribute("k_quant_type", k_quant_type),
+        _string_attribute("v_quant_type", v_quant_type),
+        _int_attribute("kv_cache_bit_width", kv_cache_bit_width),
+        _int_attribute("sliding_window_cache", sliding_window_cache),
+        _float_attribute("qk_norm_epsilon", qk_norm_epsilon),
+        output,
+        present_key,
+        present_value,
+        output_qk,
+        _optional_int("threads", threads),
+        _gqa_allocator(query),
+    )
+    return tuple(results)

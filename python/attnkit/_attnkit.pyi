@@ -34,3 +34,30 @@ def available_backends() -> list[str]:
 
 def _cli(argv: Sequence[str]) -> int:
     """Runs the attnkit command-line tool in-process (argv[0] is the program name); returns its exit code."""
+
+def group_query_attention(
+    inputs: Sequence[Any],
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+    softcap: float,
+    local_window_size: int,
+    causal: int,
+    do_rotary: int,
+    rotary_interleaved: int,
+    smooth_softmax: int,
+    qk_output: int,
+    k_quant_type: str,
+    v_quant_type: str,
+    kv_cache_bit_width: int,
+    sliding_window_cache: int,
+    qk_norm_epsilon: float,
+    output: Any,
+    present_key: Any,
+    present_value: Any,
+    output_qk: Any,
+    threads: Optional[int],
+    alloc: Callable[[Tuple[int, ...], str], Any],
+) -> Tuple[Any, ...]:
+    """Runs ONNX Runtime's GroupQueryAttention on host arrays; see attnkit.group_query_attention. `inputs` holds
+    the 16 inputs in ONNX Runtime's order (None: absent). Returns (output, present_key, present_value[, output_qk])."""

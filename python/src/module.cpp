@@ -411,6 +411,9 @@ int run_cli(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+void register_gqa(nb::module_& m);  // gqa_binding.cpp: group_query_attention
+
 }  // namespace attnkit::python
 
 NB_MODULE(_attnkit, m) {
@@ -445,4 +448,5 @@ NB_MODULE(_attnkit, m) {
   m.def("available_backends", &backends, "Backends this build can run now, e.g. ['cpu', 'reference'].");
   m.def("_cli", &run_cli, nb::arg("argv"),
         "Runs the attnkit command-line tool in-process (argv[0] is the program name); returns its exit code.");
+  register_gqa(m);
 }

@@ -53,6 +53,12 @@ def pytest_terminal_summary(terminalreporter):
         return
     tr = terminalreporter
     tr.write_sep("-", "GroupQueryAttention conformance")
+    try:
+        import onnxruntime
+
+        tr.write_line(f"oracle: onnxruntime {onnxruntime.__version__}, CPUExecutionProvider")
+    except ImportError:
+        pass
     tr.write_line(f"{stats['cases']} cases in {stats['seconds']:.1f} s: {stats['ort']} against ONNX Runtime, "
                   f"{stats['reference']} against the float64 reference only; "
                   f"{stats['both']} of the ONNX Runtime cases also against the reference")

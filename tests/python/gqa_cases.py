@@ -17,7 +17,7 @@ import gqa_reference as ref
 
 HEADS = [(6, 6), (6, 3), (9, 3), (32, 8), (16, 1)]
 HEAD_SIZES = [32, 48, 64, 80, 96, 128, 160, 256]  # multiples of 16 (ORT's rotary rule); 40 / 72 / 24 below
-ODD_HEAD_SIZES = [24, 40, 72, 100]               # ORT: head_size % 8 (and % 16 with rotary): reference only
+ODD_HEAD_SIZES = [20, 25, 40, 72, 100]           # ORT: head_size % 8 (and % 16 with rotary): reference only
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}
 EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 
