@@ -16,7 +16,12 @@
 #include <nanobind/stl/string.h>
 
 #include <array>
+#include <memory>
+#include <mutex>
+#include <map>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,6 +91,53 @@ nb::tuple shape_tuple(const std::vector<std::int64_t>& d) {
   return nb::tuple(l);
 }
 
+// Ops by attributes and thread count, kept between calls: an op keeps its scratch (the rotated Q, the attention
+// core's tiles), so a decode loop does not allocate and fault in fresh pages on every step. Each op has its own
+// lock, taken with the GIL released, so two Python threads never share scratch.
+struct CachedOp {
+  explicit CachedOp(const GqaAttributes& a, const GqaConfig& c) : op(a, c) {}
+  GroupQueryAttention op;
+  std::mutex lock;
+};
+
+CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c) {
+  static std::mutex table_lock;
+  static std::map<std::string, std::unique_ptr<CachedOp>> table;
+  constexpr std::size_t kMaxOps = 32;
+  // Every attribute (floats by their bits: two scales that print alike must not share an op) and the threads.
+  auto num = [](auto v) {
+    if constexpr (std::is_floating_point_v<decltype(v)>) {
+      std::uint32_t bits;
+      const float f = static_cast<float>(v);
+      std::memcpy(&bits, &f, sizeof bits);
+      return std::to_string(bits) + "|";
+    } else {
+      return std::to_string(v) + "|";
+    }
+  };
+  const std::string key = num(a.num_heads) + num(a.kv_num_heads) + num(a.scale) + num(a.softcap) +
+                          num(a.local_window_size) + num(a.causal) + num(a.do_rotary) + num(a.rotary_interleaved) +
+                          num(a.smooth_softmax) + num(a.qk_output) + a.k_quant_type + "|" + a.v_quant_type + "|" +
+                          num(a.kv_cache_bit_width) + num(a.sliding_window_cache) + num(a.qk_norm_epsilon) +
+                          num(c.threads);
+  std::lock_guard<std::mutex> guard(table_lock);
+  auto it = table.find(key);
+  if (it != table.end()) return *it->second;
+  auto op = std::make_unique<CachedOp>(a, c);  // checks the attributes: throws before anything is cached
+  if (table.size() >= kMaxOps) {
+    // Drop ops nobody is running (a held lock means a call in flight); simple and bounded.
+    for (auto i = table.begin(); i != table.end();) {
+      if (i->second->lock.try_lock()) {
+        i->second->lock.unlock();
+        i = table.erase(i);
+      } else {
+        ++i;
+      }
+    }
+  }
+  return *table.emplace(key, std::move(op)).first->second;
+}
+
 nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads, std::int64_t kv_num_heads,
                                 float scale, float softcap, std::int64_t local_window_size, std::int64_t causal,
                                 std::int64_t do_rotary, std::int64_t rotary_interleaved, std::int64_t smooth_softmax,
@@ -113,7 +165,7 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
   GqaConfig config;
   config.threads = threads.value_or(0);
   // The attribute rules (and the config's) first: they need no array.
-  GroupQueryAttention op(attrs, config);
+  CachedOp& cached = cached_op(attrs, config);
 
   if (nb::len(input_objs) != GqaInputs::kCount)
     throw nb::value_error("inputs: group_query_attention takes 16 inputs (ONNX Runtime's order)");
@@ -162,7 +214,8 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
 
   {
     nb::gil_scoped_release release;
-    op.run(inputs, outputs);  // checks every input and output before it writes
+    std::lock_guard<std::mutex> guard(cached.lock);
+    cached.op.run(inputs, outputs);  // checks every input and output before it writes
   }
   if (qk_output != 0) return nb::make_tuple(results[0], results[1], results[2], results[3]);
   return nb::make_tuple(results[0], results[1], results[2]);

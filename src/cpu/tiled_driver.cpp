@@ -94,6 +94,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   std::size_t off = 0;
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
+  w.qrows = take<float>(base, off, kFewRows * head_dim);
   w.st = take<float>(base, off, kKeyTile * kRowBlock);
   w.ot = take<float>(base, off, v_head_dim * kRowBlock);
   w.max = take<float>(base, off, kRowBlock);

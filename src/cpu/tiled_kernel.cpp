@@ -256,6 +256,71 @@ HWY_INLINE void tile_loop(Step& step, std::int64_t count, std::size_t nvec) {
   }
 }
 
+// Few rows (a decode step: one query per head of a K/V group). With rows across lanes most lanes would idle, so
+// these run the other way round: dot products along the head dim, a vector of dims at a time, and each key's V
+// row streamed once for all rows. The sums along d depend on the vector width (the bits may differ between SIMD
+// targets; never between runs or thread counts).
+void score_few_rows(const float* HWY_RESTRICT qrows, std::int64_t rows, std::int64_t dim, const float* const* krow,
+                    std::int64_t n, float* HWY_RESTRICT st) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t full = dim / L * L;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float* k = krow[j];
+    VF acc[kFewRows];
+    for (int r = 0; r < kFewRows; ++r) acc[r] = hn::Zero(df);
+    for (std::int64_t d = 0; d < full; d += L) {
+      const VF kv = hn::LoadU(df, k + d);
+      for (int r = 0; r < kFewRows; ++r) {
+        if (r < rows) acc[r] = hn::MulAdd(hn::LoadU(df, qrows + r * dim + d), kv, acc[r]);
+      }
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+      for (std::int64_t d = full; d < dim; ++d) s = std::fma(qrows[r * dim + d], k[d], s);
+      st[j * kRowBlock + r] = s;
+    }
+  }
+}
+
+// Oᵀ[d][row] = Oᵀ[d][row] · alpha[row] + Σ_key P[key][row] · V[key][d] for up to kFewRows rows: each V row is
+// read once per half of the head dim for every row. A zero weight skips the key (0 · inf would be NaN).
+void value_few_rows(const float* HWY_RESTRICT pt, std::int64_t n, std::int64_t rows, const float* const* vrow,
+                    std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  constexpr int kChunk = 4;  // vectors of dims per pass: 4 rows x 4 vectors of accumulators
+  HWY_ALIGN float tile[kFewRows * kChunk * 16];
+  for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk * L) {
+    const std::int64_t width = std::min<std::int64_t>(kChunk * L, dv - d0);
+    const std::int64_t vecs = width / L;
+    VF acc[kFewRows][kChunk];
+    for (int r = 0; r < kFewRows; ++r)
+      for (int c = 0; c < kChunk; ++c) acc[r][c] = hn::Zero(df);
+    float tail[kFewRows][16] = {};
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float* v = vrow[j] + d0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float p = pt[j * kRowBlock + r];
+        if (p == 0.0f) continue;
+        const VF pv = hn::Set(df, p);
+        for (int c = 0; c < kChunk; ++c) {
+          if (c < vecs) acc[r][c] = hn::MulAdd(pv, hn::LoadU(df, v + c * L), acc[r][c]);
+        }
+        for (std::int64_t d = vecs * L; d < width; ++d) tail[r][d - vecs * L] = std::fma(p, v[d], tail[r][d - vecs * L]);
+      }
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < kChunk; ++c) hn::Store(acc[r][c], df, tile + (r * kChunk + c) * L);
+      for (std::int64_t d = vecs * L; d < width; ++d) tile[r * kChunk * L + d] = tail[r][d - vecs * L];
+      for (std::int64_t d = 0; d < width; ++d) {
+        float& o = ot[(d0 + d) * kRowBlock + r];
+        o = std::fma(o, alpha[r], tile[r * kChunk * L + d]);
+      }
+    }
+  }
+}
+
 struct ScoreStep {
   const float* qt;
   std::int64_t dim;
@@ -314,6 +379,8 @@ void run_item(const ItemJob& job) {
   const std::size_t L = hn::Lanes(df);
   const std::int64_t rows = job.rows;
   const std::size_t nvec = (static_cast<std::size_t>(rows) + L - 1) / L;
+  // A decode step has a handful of rows: dot products along the head dim use every lane (see score_few_rows).
+  const bool few_rows = rows <= kFewRows;
   const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
   const std::int64_t dim = p.head_dim;
   const std::int64_t dv = p.v_head_dim;
@@ -351,6 +418,7 @@ void run_item(const ItemJob& job) {
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+    if (r < kFewRows) std::memcpy(w.qrows + r * dim, w.row, static_cast<std::size_t>(dim) * sizeof(float));
   }
   for (std::int64_t r = rows; r < lanes_used; ++r)
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = 0.0f;
@@ -406,8 +474,26 @@ void run_item(const ItemJob& job) {
       }
     }
 
+    // Few rows per item (a decode step) make this loop wait on memory: ask for the next tile's K and V rows now.
+    if (nvec == 1 && t0 + kKeyTile < union_end && p.k_storage.type == KvType::Float &&
+        p.v_storage.type == KvType::Float) {
+      const std::int64_t next_end = std::min(t0 + 2 * kKeyTile, union_end);
+      const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
+      const auto* kbytes = static_cast<const char*>(a.k.data);
+      const auto* vbytes = static_cast<const char*>(a.v.data);
+      for (std::int64_t key = t0 + kKeyTile; key < next_end; ++key) {
+        const char* kr = kbytes + p.k.index(job.b, job.kvh, key) * es;
+        const char* vr = vbytes + p.v.index(job.b, job.kvh, key) * es;
+        for (std::int64_t off = 0; off < dim * es; off += 64) __builtin_prefetch(kr + off);
+        for (std::int64_t off = 0; off < dv * es; off += 64) __builtin_prefetch(vr + off);
+      }
+    }
     ScoreStep score{w.qt, dim, w.krow, w.st};
-    tile_loop(score, n, nvec);
+    if (few_rows) {
+      score_few_rows(w.qrows, rows, dim, w.krow, n, w.st);
+    } else {
+      tile_loop(score, n, nvec);
+    }
 
     // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
     if (p.has_mask && !mask_per_key) {
@@ -468,8 +554,12 @@ void run_item(const ItemJob& job) {
       hn::Store(alpha, df, w.alpha + v * L);
     }
 
-    ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
-    tile_loop(value, dv, nvec);
+    if (few_rows) {
+      value_few_rows(w.st, n, rows, w.vrow, dv, w.alpha, w.ot);
+    } else {
+      ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
+      tile_loop(value, dv, nvec);
+    }
   }
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass

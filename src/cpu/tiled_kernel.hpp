@@ -26,6 +26,7 @@ namespace attnkit::cpu {
 
 inline constexpr std::int64_t kRowBlock = 64;  // query rows (SIMD lanes) per work item
 inline constexpr std::int64_t kKeyTile = 64;   // keys per blockwise-summed tile
+inline constexpr int kFewRows = 4;              // items with at most this many rows run the decode micro-kernels
 
 struct TiledPlan {
   std::int64_t group = 1;       // query heads per K/V head

@@ -13,6 +13,7 @@ namespace attnkit::cpu {
 // [x][lane] arrays are stored x-major with kRowBlock floats per x, so a row of lanes is a run of vectors.
 struct Workspace {
   float* qt;      // [head_dim][lane]: the item's queries, transposed
+  float* qrows;   // [kFewRows][head_dim]: the same, row-major, for the decode micro-kernels
   float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile
   float* ot;      // [v_head_dim][lane]: running unnormalised output
   float* max;     // [lane] running max
