@@ -1,4 +1,5 @@
 #include "problem_check.hpp"
+#include "require.hpp"
 
 #include "kv_quant.hpp"
 
@@ -15,15 +16,11 @@ constexpr std::int64_t kMaxHeadDim = 256;
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
-void require(bool ok, const std::string& argument, const std::string& rule) {
-  if (!ok) throw Error(argument, rule);
-}
-
 void check_layout_signs(const Layout& l, const std::string& name) {
-  require(l.offset >= 0, name + ".offset", "must be >= 0 (got " + str(l.offset) + ")");
-  require(l.batch_stride >= 0, name + ".batch_stride", "must be >= 0 (got " + str(l.batch_stride) + ")");
-  require(l.head_stride >= 0, name + ".head_stride", "must be >= 0 (got " + str(l.head_stride) + ")");
-  require(l.row_stride >= 0, name + ".row_stride", "must be >= 0 (got " + str(l.row_stride) + ")");
+  ATTNKIT_REQUIRE(l.offset >= 0, name + ".offset", "must be >= 0 (got " + str(l.offset) + ")");
+  ATTNKIT_REQUIRE(l.batch_stride >= 0, name + ".batch_stride", "must be >= 0 (got " + str(l.batch_stride) + ")");
+  ATTNKIT_REQUIRE(l.head_stride >= 0, name + ".head_stride", "must be >= 0 (got " + str(l.head_stride) + ")");
+  ATTNKIT_REQUIRE(l.row_stride >= 0, name + ".row_stride", "must be >= 0 (got " + str(l.row_stride) + ")");
 }
 
 // An output must give every element its own address: sort the dimensions by stride and require each stride
@@ -41,7 +38,7 @@ void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t hea
   std::int64_t covered = cols;  // elements spanned by the dimensions below
   for (const Dim& d : dims) {
     if (d.extent == 1) continue;
-    require(d.stride >= covered, name + "." + d.field,
+    ATTNKIT_REQUIRE(d.stride >= covered, name + "." + d.field,
             "an output's elements must not share addresses: stride " + str(d.stride) + " is below the " +
                 str(covered) + " elements the inner dimensions span");
     covered = d.stride * (d.extent - 1) + covered;
@@ -77,22 +74,22 @@ struct Region {
 // int4 tensor's rows start on whole bytes.
 void check_storage(const KvStorage& s, const Layout& l, const std::string& name) {
   const std::string field = name + "_storage";
-  require(s.type == KvType::Float || s.type == KvType::Int8 || s.type == KvType::Int4, field + ".type",
+  ATTNKIT_REQUIRE(s.type == KvType::Float || s.type == KvType::Int8 || s.type == KvType::Int4, field + ".type",
           "must be Float, Int8 or Int4");
-  require(s.quant == KvQuant::None || s.quant == KvQuant::PerTensor || s.quant == KvQuant::PerChannel,
+  ATTNKIT_REQUIRE(s.quant == KvQuant::None || s.quant == KvQuant::PerTensor || s.quant == KvQuant::PerChannel,
           field + ".quant", "must be None, PerTensor or PerChannel");
   if (s.type == KvType::Float) {
-    require(s.quant == KvQuant::None, field + ".quant", "must be None when the type is Float (no scales)");
+    ATTNKIT_REQUIRE(s.quant == KvQuant::None, field + ".quant", "must be None when the type is Float (no scales)");
     return;
   }
-  require(s.quant != KvQuant::None, field + ".quant",
+  ATTNKIT_REQUIRE(s.quant != KvQuant::None, field + ".quant",
           std::string("must be PerTensor or PerChannel for an ") + kv_type_name(s.type) + " " + name);
   if (s.type == KvType::Int4) {
     const std::pair<const char*, std::int64_t> parts[] = {
         {"offset", l.offset}, {"batch_stride", l.batch_stride}, {"head_stride", l.head_stride},
         {"row_stride", l.row_stride}};
     for (const auto& [part, value] : parts) {
-      require(value % 2 == 0, name + "." + part,
+      ATTNKIT_REQUIRE(value % 2 == 0, name + "." + part,
               "must be even for an int4 " + name + " (values are packed two per byte; every row starts on a "
               "byte), got " + str(value));
     }
@@ -103,13 +100,13 @@ void check_storage(const KvStorage& s, const Layout& l, const std::string& name)
 void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, std::int64_t kv_heads,
                   std::int64_t dim) {
   if (quant == KvQuant::None) {
-    require(buffer.data == nullptr, name, "a scale buffer was given but the tensor is not quantized");
+    ATTNKIT_REQUIRE(buffer.data == nullptr, name, "a scale buffer was given but the tensor is not quantized");
     return;
   }
   const std::int64_t need = kv_scale_count(quant, kv_heads, dim);
-  require(buffer.data != nullptr, name, std::string("is null but the tensor is quantized (") +
+  ATTNKIT_REQUIRE(buffer.data != nullptr, name, std::string("is null but the tensor is quantized (") +
                                             (quant == KvQuant::PerTensor ? "per tensor" : "per channel") + ")");
-  require(buffer.elements >= need, name,
+  ATTNKIT_REQUIRE(buffer.elements >= need, name,
           "holds " + str(buffer.elements) + " scales but " +
               (quant == KvQuant::PerTensor ? std::string("per-tensor quantization needs 1")
                                            : "per-channel quantization needs kv_heads * dim = " + str(need)));
@@ -117,8 +114,8 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
 
 void check_buffer(const char* name, const void* data, std::int64_t elements, IndexSpan span) {
   if (span.empty()) return;
-  require(data != nullptr, name, "is null but the tensor is not empty");
-  require(span.highest < elements, name,
+  ATTNKIT_REQUIRE(data != nullptr, name, "is null but the tensor is not empty");
+  ATTNKIT_REQUIRE(span.highest < elements, name,
           "the layout reaches element " + str(span.highest) + " but the buffer holds " + str(elements) +
               " elements");
 }
@@ -134,37 +131,37 @@ IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, st
 
 AttentionProblem normalize_and_check(const AttentionProblem& in) {
   AttentionProblem p = in;
-  require(p.batch >= 0, "batch", "must be >= 0 (got " + str(p.batch) + ")");
-  require(p.heads >= 1, "heads", "must be >= 1 (got " + str(p.heads) + ")");
+  ATTNKIT_REQUIRE(p.batch >= 0, "batch", "must be >= 0 (got " + str(p.batch) + ")");
+  ATTNKIT_REQUIRE(p.heads >= 1, "heads", "must be >= 1 (got " + str(p.heads) + ")");
   if (p.kv_heads == 0) p.kv_heads = p.heads;
-  require(p.kv_heads >= 1, "kv_heads", "must be >= 1, or 0 for 'same as heads' (got " + str(p.kv_heads) + ")");
-  require(p.heads % p.kv_heads == 0, "kv_heads",
+  ATTNKIT_REQUIRE(p.kv_heads >= 1, "kv_heads", "must be >= 1, or 0 for 'same as heads' (got " + str(p.kv_heads) + ")");
+  ATTNKIT_REQUIRE(p.heads % p.kv_heads == 0, "kv_heads",
           "heads (" + str(p.heads) + ") must be a multiple of kv_heads (" + str(p.kv_heads) + ")");
-  require(p.q_len >= 0, "q_len", "must be >= 0 (got " + str(p.q_len) + ")");
-  require(p.k_len >= 0, "k_len", "must be >= 0 (got " + str(p.k_len) + ")");
+  ATTNKIT_REQUIRE(p.q_len >= 0, "q_len", "must be >= 0 (got " + str(p.q_len) + ")");
+  ATTNKIT_REQUIRE(p.k_len >= 0, "k_len", "must be >= 0 (got " + str(p.k_len) + ")");
   constexpr std::int64_t kMaxLen = std::numeric_limits<std::int32_t>::max();
-  require(p.q_len <= kMaxLen, "q_len", "must be below 2^31 (got " + str(p.q_len) + ")");
-  require(p.k_len <= kMaxLen, "k_len", "must be below 2^31 (got " + str(p.k_len) + ")");
-  require(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "head_dim",
+  ATTNKIT_REQUIRE(p.q_len <= kMaxLen, "q_len", "must be below 2^31 (got " + str(p.q_len) + ")");
+  ATTNKIT_REQUIRE(p.k_len <= kMaxLen, "k_len", "must be below 2^31 (got " + str(p.k_len) + ")");
+  ATTNKIT_REQUIRE(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "head_dim",
           "must be in [1, 256] (got " + str(p.head_dim) + ")");
   if (p.v_head_dim == 0) p.v_head_dim = p.head_dim;
-  require(p.v_head_dim >= 1 && p.v_head_dim <= kMaxHeadDim, "v_head_dim",
+  ATTNKIT_REQUIRE(p.v_head_dim >= 1 && p.v_head_dim <= kMaxHeadDim, "v_head_dim",
           "must be in [1, 256], or 0 for 'same as head_dim' (got " + str(p.v_head_dim) + ")");
-  require(p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16, "dtype",
+  ATTNKIT_REQUIRE(p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16, "dtype",
           "must be float32, float16 or bfloat16");
   if (!p.scale) p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  require(std::isfinite(*p.scale), "scale", "must be finite");
+  ATTNKIT_REQUIRE(std::isfinite(*p.scale), "scale", "must be finite");
   if (p.softcap) {
-    require(std::isfinite(*p.softcap) && *p.softcap > 0.0f, "softcap", "must be finite and > 0 when set");
+    ATTNKIT_REQUIRE(std::isfinite(*p.softcap) && *p.softcap > 0.0f, "softcap", "must be finite and > 0 when set");
   }
   if (!p.causal_offset) p.causal_offset = p.k_len - p.q_len;
-  require(!p.has_causal_offsets || p.causal, "has_causal_offsets", "per-batch causal offsets need causal = true");
+  ATTNKIT_REQUIRE(!p.has_causal_offsets || p.causal, "has_causal_offsets", "per-batch causal offsets need causal = true");
   if (p.window) {
-    require(p.causal, "window", "a sliding window needs causal = true (it is measured from the causal limit)");
-    require(*p.window >= 1, "window", "must be >= 1 when set (got " + str(*p.window) + ")");
+    ATTNKIT_REQUIRE(p.causal, "window", "a sliding window needs causal = true (it is measured from the causal limit)");
+    ATTNKIT_REQUIRE(*p.window >= 1, "window", "must be >= 1 when set (got " + str(*p.window) + ")");
   }
-  require(p.work_budget >= 0, "work_budget", "must be >= 0 (0: never cut)");
-  require(p.mask_dtype == DType::f32 || p.mask_dtype == DType::f16 || p.mask_dtype == DType::bf16, "mask_dtype",
+  ATTNKIT_REQUIRE(p.work_budget >= 0, "work_budget", "must be >= 0 (0: never cut)");
+  ATTNKIT_REQUIRE(p.mask_dtype == DType::f32 || p.mask_dtype == DType::f16 || p.mask_dtype == DType::bf16, "mask_dtype",
           "must be float32, float16 or bfloat16");
   check_storage(p.k_storage, p.k, "k");
   check_storage(p.v_storage, p.v, "v");
@@ -173,7 +170,7 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
   check_layout_signs(p.k, "k");
   check_layout_signs(p.v, "v");
   check_layout_signs(p.o, "o");
-  if (p.q_len > 1) require(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
+  if (p.q_len > 1) ATTNKIT_REQUIRE(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
   if (p.has_mask) check_layout_signs(p.mask, "mask");
   if (p.return_lse) {
     check_layout_signs(p.lse, "lse");
@@ -210,29 +207,29 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   check_buffer("o", a.o.data, a.o.elements, o);
   check_scales("k_scale", a.k_scale, p.k_storage.quant, p.kv_heads, p.head_dim);
   check_scales("v_scale", a.v_scale, p.v_storage.quant, p.kv_heads, p.v_head_dim);
-  require(p.has_mask || a.mask.data == nullptr, "mask", "a mask buffer was given but problem.has_mask is false");
+  ATTNKIT_REQUIRE(p.has_mask || a.mask.data == nullptr, "mask", "a mask buffer was given but problem.has_mask is false");
   check_buffer("mask", a.mask.data, a.mask.elements, mask);
-  require(p.has_key_lengths || a.key_lengths.data == nullptr, "key_lengths",
+  ATTNKIT_REQUIRE(p.has_key_lengths || a.key_lengths.data == nullptr, "key_lengths",
           "a key-length buffer was given but problem.has_key_lengths is false");
   check_buffer("key_lengths", a.key_lengths.data, a.key_lengths.elements, lengths);
-  require(p.has_head_sink || a.head_sink.data == nullptr, "head_sink",
+  ATTNKIT_REQUIRE(p.has_head_sink || a.head_sink.data == nullptr, "head_sink",
           "a head-sink buffer was given but problem.has_head_sink is false");
   check_buffer("head_sink", a.head_sink.data, a.head_sink.elements, sink);
-  require(p.has_causal_offsets || a.causal_offsets.data == nullptr, "causal_offsets",
+  ATTNKIT_REQUIRE(p.has_causal_offsets || a.causal_offsets.data == nullptr, "causal_offsets",
           "a causal-offset buffer was given but problem.has_causal_offsets is false");
   check_buffer("causal_offsets", a.causal_offsets.data, a.causal_offsets.elements, offsets);
-  require(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
+  ATTNKIT_REQUIRE(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
   check_buffer("lse", a.lse.data, a.lse.elements, lse);
   if (a.scratch != nullptr) {
-    require(reinterpret_cast<std::uintptr_t>(a.scratch) % 64 == 0, "scratch", "must be aligned to 64 bytes");
-    require(a.scratch_bytes >= scratch_needed, "scratch_bytes",
+    ATTNKIT_REQUIRE(reinterpret_cast<std::uintptr_t>(a.scratch) % 64 == 0, "scratch", "must be aligned to 64 bytes");
+    ATTNKIT_REQUIRE(a.scratch_bytes >= scratch_needed, "scratch_bytes",
             "is " + std::to_string(a.scratch_bytes) + " but this problem needs " + std::to_string(scratch_needed));
   }
 
   if (p.has_key_lengths && host_key_lengths) {
     const auto* len = static_cast<const std::int32_t*>(a.key_lengths.data);
     for (std::int64_t b = 0; b < p.batch; ++b) {
-      require(len[b] >= 0 && len[b] <= p.k_len, "key_lengths[" + str(b) + "]",
+      ATTNKIT_REQUIRE(len[b] >= 0 && len[b] <= p.k_len, "key_lengths[" + str(b) + "]",
               "= " + str(len[b]) + " is outside [0, k_len = " + str(p.k_len) + "]");
     }
   }
@@ -260,7 +257,7 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
       if (i == j || (regions[j].written && j < i)) continue;
       const Region& w = regions[i];
       const Region& r = regions[j];
-      require(!bytes_overlap(w.data, w.span, w.element_bits, r.data, r.span, r.element_bits), w.name,
+      ATTNKIT_REQUIRE(!bytes_overlap(w.data, w.span, w.element_bits, r.data, r.span, r.element_bits), w.name,
               std::string("must not overlap ") + r.name + " (an output may not alias any other buffer of the call)");
     }
   }

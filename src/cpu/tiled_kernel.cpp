@@ -430,7 +430,9 @@ void run_item(const ItemJob& job) {
     hn::Store(hn::Zero(df), df, w.sum + v * L);
     hn::Store(hn::Zero(df), df, w.poison + v * L);
   }
-  std::fill(w.ot, w.ot + dv * kRowBlock, 0.0f);
+  // Only the lanes in use: a decode item has 4 rows of 64, and zeroing (and later saving) whole rows of the
+  // accumulator would move 8-16x the bytes the item needs.
+  for (std::int64_t d = 0; d < dv; ++d) std::fill(w.ot + d * kRowBlock, w.ot + d * kRowBlock + lanes_used, 0.0f);
 
   const VF scale = hn::Set(df, *p.scale);
   const float softcap = p.softcap.value_or(0.0f);
@@ -474,20 +476,6 @@ void run_item(const ItemJob& job) {
       }
     }
 
-    // Few rows per item (a decode step) make this loop wait on memory: ask for the next tile's K and V rows now.
-    if (nvec == 1 && t0 + kKeyTile < union_end && p.k_storage.type == KvType::Float &&
-        p.v_storage.type == KvType::Float) {
-      const std::int64_t next_end = std::min(t0 + 2 * kKeyTile, union_end);
-      const auto es = static_cast<std::int64_t>(dtype_size(p.dtype));
-      const auto* kbytes = static_cast<const char*>(a.k.data);
-      const auto* vbytes = static_cast<const char*>(a.v.data);
-      for (std::int64_t key = t0 + kKeyTile; key < next_end; ++key) {
-        const char* kr = kbytes + p.k.index(job.b, job.kvh, key) * es;
-        const char* vr = vbytes + p.v.index(job.b, job.kvh, key) * es;
-        for (std::int64_t off = 0; off < dim * es; off += 64) __builtin_prefetch(kr + off);
-        for (std::int64_t off = 0; off < dv * es; off += 64) __builtin_prefetch(vr + off);
-      }
-    }
     ScoreStep score{w.qt, dim, w.krow, w.st};
     if (few_rows) {
       score_few_rows(w.qrows, rows, dim, w.krow, n, w.st);
@@ -563,7 +551,7 @@ void run_item(const ItemJob& job) {
   }
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
-    save_partial(w, dv, job.partial);
+    save_partial(w, dv, lanes_used, job.partial);
   } else {
     finish_rows(job);
   }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../core/kv_quant.hpp"
+#include "../core/require.hpp"
 #include "gqa_plan.hpp"
 
 namespace attnkit::gqa {
@@ -14,10 +15,6 @@ namespace {
 constexpr std::int64_t kMaxHeadSize = 256;  // the attention core's limit
 
 std::string str(std::int64_t v) { return std::to_string(v); }
-
-void require(bool ok, const std::string& argument, const std::string& rule) {
-  if (!ok) throw Error(argument, rule);
-}
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
@@ -49,27 +46,27 @@ std::string type_name(ElementType t) { return std::string(element_type_name(t));
 template <class View>
 void check_tensor(const View& t, const std::string& name, std::size_t rank) {
   for (std::int64_t d : t.shape) {
-    require(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
+    ATTNKIT_REQUIRE(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
   }
-  require(t.shape.size() == rank, name,
+  ATTNKIT_REQUIRE(t.shape.size() == rank, name,
           "must have rank " + str(static_cast<std::int64_t>(rank)) + ", got shape " + shape_string(t.shape));
-  require(t.data != nullptr || t.elements() == 0, name, "has no data but shape " + shape_string(t.shape));
+  ATTNKIT_REQUIRE(t.data != nullptr || t.elements() == 0, name, "has no data but shape " + shape_string(t.shape));
 }
 
 template <class View>
 void check_shape(const View& t, const std::string& name, const std::vector<std::int64_t>& want,
                  const std::string& meaning) {
   check_tensor(t, name, want.size());
-  require(t.shape == want, name,
+  ATTNKIT_REQUIRE(t.shape == want, name,
           "must have shape " + meaning + " = " + shape_string(want) + ", got " + shape_string(t.shape));
 }
 
 template <class View>
 void check_type(const View& t, const std::string& name, ElementType want, const std::string& why) {
-  require(t.type == want, name, "must be " + type_name(want) + " (" + why + "), got " + type_name(t.type));
+  ATTNKIT_REQUIRE(t.type == want, name, "must be " + type_name(want) + " (" + why + "), got " + type_name(t.type));
 }
 
-void check_flag(std::int64_t v, const char* name) { require(v == 0 || v == 1, name, "must be 0 or 1, got " + str(v)); }
+void check_flag(std::int64_t v, const char* name) { ATTNKIT_REQUIRE(v == 0 || v == 1, name, "must be 0 or 1, got " + str(v)); }
 
 KvQuant parse_quant(const std::string& s, const char* name) {
   if (s == "NONE") return KvQuant::None;
@@ -89,7 +86,7 @@ ElementType cache_element(const CacheFormat& f) {
 }
 void check_cache_type(const TensorView& t, const std::string& name, const CacheFormat& f) {
   if (f.storage.type == KvType::Int4) {
-    require(t.type == ElementType::uint8 || t.type == ElementType::int8, name,
+    ATTNKIT_REQUIRE(t.type == ElementType::uint8 || t.type == ElementType::int8, name,
             "must be uint8 (an int4 cache: two 4-bit values per byte), got " + type_name(t.type));
     return;
   }
@@ -102,7 +99,7 @@ std::int64_t check_cache_shape(const TensorView& t, const std::string& name, con
                                std::int64_t kv_heads) {
   check_tensor(t, name, 4);
   const std::string last = f.storage.type == KvType::Int4 ? "(head_size + 1) / 2 bytes" : "head_size";
-  require(t.shape[0] == batch && t.shape[1] == kv_heads && t.shape[3] == f.last_dim(), name,
+  ATTNKIT_REQUIRE(t.shape[0] == batch && t.shape[1] == kv_heads && t.shape[3] == f.last_dim(), name,
           "must have shape (batch, kv_num_heads, rows, " + last + ") = (" + str(batch) + ", " + str(kv_heads) +
               ", rows, " + str(f.last_dim()) + "), got " + shape_string(t.shape));
   return t.shape[2];
@@ -112,21 +109,21 @@ std::int64_t check_cache_shape(const TensorView& t, const std::string& name, con
 const float* check_scales(const TensorView& t, const char* name, const char* attribute, KvQuant quant,
                           std::int64_t kv_heads, std::int64_t head_size) {
   if (quant == KvQuant::None) {
-    require(!t.present(), name, std::string("is given but ") + attribute + " is NONE (the cache is not quantized)");
+    ATTNKIT_REQUIRE(!t.present(), name, std::string("is given but ") + attribute + " is NONE (the cache is not quantized)");
     return nullptr;
   }
-  require(t.present(), name, std::string("is required when ") + attribute + " is not NONE");
-  for (std::int64_t d : t.shape) require(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
+  ATTNKIT_REQUIRE(t.present(), name, std::string("is required when ") + attribute + " is not NONE");
+  for (std::int64_t d : t.shape) ATTNKIT_REQUIRE(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
   check_type(t, name, ElementType::float32, "dequantization scales");
   const std::int64_t need = core::kv_scale_count(quant, kv_heads, head_size);
-  require(t.elements() == need, name,
+  ATTNKIT_REQUIRE(t.elements() == need, name,
           quant == KvQuant::PerTensor ? "must hold 1 value for PER_TENSOR, got shape " + shape_string(t.shape)
                                       : "must hold kv_num_heads * head_size = " + str(need) +
                                             " values for PER_CHANNEL, got shape " + shape_string(t.shape));
-  require(t.data != nullptr, name, "has no data");
+  ATTNKIT_REQUIRE(t.data != nullptr, name, "has no data");
   const auto* s = static_cast<const float*>(t.data);
   for (std::int64_t i = 0; i < need; ++i) {
-    require(std::isfinite(s[i]) && s[i] > 0.0f, std::string(name) + "[" + str(i) + "]",
+    ATTNKIT_REQUIRE(std::isfinite(s[i]) && s[i] > 0.0f, std::string(name) + "[" + str(i) + "]",
             "= " + std::to_string(s[i]) + " must be finite and > 0 (a value x is stored as round(x / scale))");
   }
   return s;
@@ -157,7 +154,7 @@ void check_overlaps(const std::vector<Region>& regions, const void* shared_key, 
       const auto r0 = reinterpret_cast<std::uintptr_t>(r.data);
       const bool overlap =
           w0 < r0 + static_cast<std::uintptr_t>(r.bytes) && r0 < w0 + static_cast<std::uintptr_t>(w.bytes);
-      require(!overlap, w.name,
+      ATTNKIT_REQUIRE(!overlap, w.name,
               "must not overlap " + r.name +
                   " (outputs may share memory with no other tensor, except a present cache that is its past "
                   "cache: the same pointer and shape)");
@@ -174,33 +171,33 @@ std::int64_t GqaPlan::position(std::int64_t b, std::int64_t s) const {
 
 GqaSettings check_attributes(const GqaAttributes& a) {
   GqaSettings st;
-  require(a.num_heads >= 1, "num_heads", "must be >= 1, got " + str(a.num_heads));
-  require(a.kv_num_heads >= 1, "kv_num_heads", "must be >= 1, got " + str(a.kv_num_heads));
-  require(a.num_heads % a.kv_num_heads == 0, "kv_num_heads",
+  ATTNKIT_REQUIRE(a.num_heads >= 1, "num_heads", "must be >= 1, got " + str(a.num_heads));
+  ATTNKIT_REQUIRE(a.kv_num_heads >= 1, "kv_num_heads", "must be >= 1, got " + str(a.kv_num_heads));
+  ATTNKIT_REQUIRE(a.num_heads % a.kv_num_heads == 0, "kv_num_heads",
           "num_heads (" + str(a.num_heads) + ") must be a multiple of kv_num_heads (" + str(a.kv_num_heads) + ")");
-  require(std::isfinite(a.scale), "scale", "must be finite (0: 1 / sqrt(head_size))");
-  require(std::isfinite(a.softcap) && a.softcap >= 0.0f, "softcap", "must be finite and >= 0 (0: off)");
+  ATTNKIT_REQUIRE(std::isfinite(a.scale), "scale", "must be finite (0: 1 / sqrt(head_size))");
+  ATTNKIT_REQUIRE(std::isfinite(a.softcap) && a.softcap >= 0.0f, "softcap", "must be finite and >= 0 (0: off)");
   check_flag(a.causal, "causal");
   check_flag(a.do_rotary, "do_rotary");
   check_flag(a.rotary_interleaved, "rotary_interleaved");
   check_flag(a.sliding_window_cache, "sliding_window_cache");
-  require(a.smooth_softmax == -1 || a.smooth_softmax == 0 || a.smooth_softmax == 1, "smooth_softmax",
+  ATTNKIT_REQUIRE(a.smooth_softmax == -1 || a.smooth_softmax == 0 || a.smooth_softmax == 1, "smooth_softmax",
           "must be -1, 0 (off) or 1, got " + str(a.smooth_softmax));
-  require(a.qk_output >= 0 && a.qk_output <= 2, "qk_output",
+  ATTNKIT_REQUIRE(a.qk_output >= 0 && a.qk_output <= 2, "qk_output",
           "must be 0 (none), 1 (before softmax) or 2 (after softmax), got " + str(a.qk_output));
-  require(a.local_window_size == -1 || a.local_window_size >= 1, "local_window_size",
+  ATTNKIT_REQUIRE(a.local_window_size == -1 || a.local_window_size >= 1, "local_window_size",
           "must be -1 (off) or >= 1 (the keys each query sees, itself included), got " + str(a.local_window_size));
-  require(
+  ATTNKIT_REQUIRE(
       a.causal == 1 || a.local_window_size == -1, "local_window_size",
       "must be -1 when causal = 0 (a window is measured back from the causal limit), got " + str(a.local_window_size));
-  require(a.sliding_window_cache == 0 || a.local_window_size >= 1, "sliding_window_cache",
+  ATTNKIT_REQUIRE(a.sliding_window_cache == 0 || a.local_window_size >= 1, "sliding_window_cache",
           "= 1 needs local_window_size >= 1 (the window the cache keeps)");
-  require(std::isfinite(a.qk_norm_epsilon) && a.qk_norm_epsilon > 0.0f, "qk_norm_epsilon", "must be finite and > 0");
+  ATTNKIT_REQUIRE(std::isfinite(a.qk_norm_epsilon) && a.qk_norm_epsilon > 0.0f, "qk_norm_epsilon", "must be finite and > 0");
 
   st.k_quant = parse_quant(a.k_quant_type, "k_quant_type");
   st.v_quant = parse_quant(a.v_quant_type, "v_quant_type");
   if (st.k_quant != KvQuant::None || st.v_quant != KvQuant::None) {
-    require(a.kv_cache_bit_width == 8 || a.kv_cache_bit_width == 4, "kv_cache_bit_width",
+    ATTNKIT_REQUIRE(a.kv_cache_bit_width == 8 || a.kv_cache_bit_width == 4, "kv_cache_bit_width",
             "must be 8 or 4 when k_quant_type or v_quant_type is not NONE, got " + str(a.kv_cache_bit_width));
     st.quant_type = a.kv_cache_bit_width == 8 ? KvType::Int8 : KvType::Int4;
   }
@@ -224,28 +221,28 @@ namespace {
 // The query (and key/value): batch, sequence length, head size, type, where each token's heads are.
 void plan_tokens(const GqaSettings& st, const GqaInputs& in, GqaPlan& g) {
   const TensorView& q = in.query;
-  require(q.present(), "query", "is required");
+  ATTNKIT_REQUIRE(q.present(), "query", "is required");
   check_tensor(q, "query", 3);
   const std::optional<DType> dt = float_type(q.type);
-  require(dt.has_value(), "query", "must be float32, float16 or bfloat16, got " + type_name(q.type));
+  ATTNKIT_REQUIRE(dt.has_value(), "query", "must be float32, float16 or bfloat16, got " + type_name(q.type));
   g.dtype = *dt;
   g.batch = q.shape[0];
   g.seq = q.shape[1];
   g.heads = st.heads;
   g.kv_heads = st.kv_heads;
-  require(g.batch >= 1, "query", "dimension 0 (batch) must be >= 1, got shape " + shape_string(q.shape));
-  require(g.seq >= 1, "query", "dimension 1 (sequence length) must be >= 1, got shape " + shape_string(q.shape));
-  require(in.key.present() == in.value.present(), in.key.present() ? "value" : "key",
+  ATTNKIT_REQUIRE(g.batch >= 1, "query", "dimension 0 (batch) must be >= 1, got shape " + shape_string(q.shape));
+  ATTNKIT_REQUIRE(g.seq >= 1, "query", "dimension 1 (sequence length) must be >= 1, got shape " + shape_string(q.shape));
+  ATTNKIT_REQUIRE(in.key.present() == in.value.present(), in.key.present() ? "value" : "key",
           "key and value must both be given, or both be absent (QKV packed in query)");
   g.packed = !in.key.present();
   const std::int64_t width = q.shape[2];
   const std::int64_t heads_in_query = g.packed ? g.heads + 2 * g.kv_heads : g.heads;
-  require(width % heads_in_query == 0, "query",
+  ATTNKIT_REQUIRE(width % heads_in_query == 0, "query",
           g.packed ? "packed QKV: dimension 2 (" + str(width) +
                          ") must be a multiple of num_heads + 2 * kv_num_heads = " + str(heads_in_query)
                    : "dimension 2 (" + str(width) + ") must be a multiple of num_heads = " + str(heads_in_query));
   g.head_size = width / heads_in_query;
-  require(g.head_size >= 1 && g.head_size <= kMaxHeadSize, "query",
+  ATTNKIT_REQUIRE(g.head_size >= 1 && g.head_size <= kMaxHeadSize, "query",
           "head size " + str(g.head_size) + " must be in [1, 256]");
   g.query = q.data;
   if (g.packed) {
@@ -269,16 +266,16 @@ void plan_tokens(const GqaSettings& st, const GqaInputs& in, GqaPlan& g) {
 
 // seqlens_k and total_sequence_length: which step this is.
 const std::int32_t* plan_lengths(const GqaInputs& in, GqaPlan& g) {
-  require(in.seqlens_k.present(), "seqlens_k", "is required");
+  ATTNKIT_REQUIRE(in.seqlens_k.present(), "seqlens_k", "is required");
   check_shape(in.seqlens_k, "seqlens_k", {g.batch}, "(batch)");
   check_type(in.seqlens_k, "seqlens_k", ElementType::int32, "ONNX Runtime's type M");
   const TensorView& t = in.total_sequence_length;
-  require(t.present(), "total_sequence_length", "is required");
+  ATTNKIT_REQUIRE(t.present(), "total_sequence_length", "is required");
   check_type(t, "total_sequence_length", ElementType::int32, "ONNX Runtime's type M");
-  require(t.shape.size() <= 1 && t.elements() == 1 && t.data != nullptr, "total_sequence_length",
+  ATTNKIT_REQUIRE(t.shape.size() <= 1 && t.elements() == 1 && t.data != nullptr, "total_sequence_length",
           "must hold one element (shape () or (1,)), got shape " + shape_string(t.shape));
   g.total = *static_cast<const std::int32_t*>(t.data);
-  require(g.total >= 1, "total_sequence_length", "= " + str(g.total) + " must be >= 1");
+  ATTNKIT_REQUIRE(g.total >= 1, "total_sequence_length", "= " + str(g.total) + " must be >= 1");
   g.first_prompt = g.seq == g.total;
   return static_cast<const std::int32_t*>(in.seqlens_k.data);
 }
@@ -290,7 +287,7 @@ void plan_caches(const GqaSettings& st, const GqaInputs& in, const GqaOutputs& o
   const float* k_scales = check_scales(in.k_scale, "k_scale", "k_quant_type", st.k_quant, g.kv_heads, g.head_size);
   const float* v_scales = check_scales(in.v_scale, "v_scale", "v_quant_type", st.v_quant, g.kv_heads, g.head_size);
 
-  require(in.past_key.present() == in.past_value.present(), in.past_key.present() ? "past_value" : "past_key",
+  ATTNKIT_REQUIRE(in.past_key.present() == in.past_value.present(), in.past_key.present() ? "past_value" : "past_key",
           "past_key and past_value must both be given, or both be absent");
   g.has_past = in.past_key.present();
   std::int64_t past_rows = 0;
@@ -299,25 +296,25 @@ void plan_caches(const GqaSettings& st, const GqaInputs& in, const GqaOutputs& o
     check_cache_type(in.past_key, "past_key", kf);
     const std::int64_t v_rows = check_cache_shape(in.past_value, "past_value", vf, g.batch, g.kv_heads);
     check_cache_type(in.past_value, "past_value", vf);
-    require(v_rows == past_rows, "past_value",
+    ATTNKIT_REQUIRE(v_rows == past_rows, "past_value",
             "must have past_key's dimension 2 (" + str(past_rows) + " rows), got " + str(v_rows));
   }
-  require(out.present_key.present(), "present_key", "is required (the attention reads the cache it holds)");
-  require(out.present_value.present(), "present_value", "is required (the attention reads the cache it holds)");
+  ATTNKIT_REQUIRE(out.present_key.present(), "present_key", "is required (the attention reads the cache it holds)");
+  ATTNKIT_REQUIRE(out.present_value.present(), "present_value", "is required (the attention reads the cache it holds)");
   const std::int64_t capacity = check_cache_shape(out.present_key.view(), "present_key", kf, g.batch, g.kv_heads);
   check_cache_type(out.present_key.view(), "present_key", kf);
   const std::int64_t v_capacity = check_cache_shape(out.present_value.view(), "present_value", vf, g.batch, g.kv_heads);
   check_cache_type(out.present_value.view(), "present_value", vf);
-  require(v_capacity == capacity, "present_value",
+  ATTNKIT_REQUIRE(v_capacity == capacity, "present_value",
           "must have present_key's dimension 2 (" + str(capacity) + " rows), got " + str(v_capacity));
 
   const bool k_shared = g.has_past && in.past_key.data != nullptr && in.past_key.data == out.present_key.data;
   const bool v_shared = g.has_past && in.past_value.data != nullptr && in.past_value.data == out.present_value.data;
-  require(k_shared == v_shared, k_shared ? "present_value" : "present_key",
+  ATTNKIT_REQUIRE(k_shared == v_shared, k_shared ? "present_value" : "present_key",
           "past and present must share memory for both key and value, or for neither");
   g.shared = k_shared;
   if (g.shared) {
-    require(in.past_key.shape == out.present_key.shape && in.past_key.type == out.present_key.type, "present_key",
+    ATTNKIT_REQUIRE(in.past_key.shape == out.present_key.shape && in.past_key.type == out.present_key.type, "present_key",
             "shares past_key's memory (an in-place cache), so it must have past_key's shape " +
                 shape_string(in.past_key.shape) + " and type, got " + shape_string(out.present_key.shape));
   }
@@ -332,38 +329,38 @@ void plan_caches(const GqaSettings& st, const GqaInputs& in, const GqaOutputs& o
 void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
   const std::int64_t capacity = g.present_key.capacity;
   g.sliding = st.sliding_window_cache;
-  require(g.seq <= capacity, "present_key",
+  ATTNKIT_REQUIRE(g.seq <= capacity, "present_key",
           "holds " + str(capacity) + " rows per head, fewer than the " + str(g.seq) + " tokens of this call");
   g.rows.assign(static_cast<std::size_t>(g.batch), BatchPlan{});
   for (std::int64_t b = 0; b < g.batch; ++b) {
     const std::string name = "seqlens_k[" + str(b) + "]";
     const std::int64_t sk = seqlens[b];
-    require(sk >= 0, name, "= " + str(sk) + " must be >= 0 (it is the sequence's total length minus one)");
+    ATTNKIT_REQUIRE(sk >= 0, name, "= " + str(sk) + " must be >= 0 (it is the sequence's total length minus one)");
     const std::int64_t total = sk + 1;
-    require(
+    ATTNKIT_REQUIRE(
         total <= g.total, name,
         "= " + str(sk) + ": the sequence's " + str(total) + " tokens exceed total_sequence_length = " + str(g.total));
     std::int64_t past = 0;
     // A first prompt has sequence_length == total_sequence_length, so the rule above keeps its lengths <= S.
     if (!g.first_prompt) {
-      require(total >= g.seq, name,
+      ATTNKIT_REQUIRE(total >= g.seq, name,
               "= " + str(sk) + " gives a total length of " + str(total) + ", fewer than the " + str(g.seq) +
                   " new tokens (it counts past and new tokens, minus one)");
       past = total - g.seq;
     }
-    require(past == 0 || g.has_past, "past_key",
+    ATTNKIT_REQUIRE(past == 0 || g.has_past, "past_key",
             "is absent but " + name + " = " + str(sk) + " implies " + str(past) + " earlier tokens");
     BatchPlan& r = g.rows[static_cast<std::size_t>(b)];
     r.total = static_cast<std::int32_t>(total);
     r.past = static_cast<std::int32_t>(past);
     if (!g.sliding) {
       if (g.has_past && !g.shared) {
-        require(past <= g.past_key.capacity, name,
+        ATTNKIT_REQUIRE(past <= g.past_key.capacity, name,
                 "= " + str(sk) + " implies " + str(past) + " earlier tokens but past_key holds only " +
                     str(g.past_key.capacity) + " rows");
       }
       if (!g.first_prompt) {
-        require(total <= capacity, name,
+        ATTNKIT_REQUIRE(total <= capacity, name,
                 "= " + str(sk) + " exceeds the cache capacity " + str(capacity) + " (present_key dimension 2): the " +
                     "sequence needs " + str(total) + " rows");
       }
@@ -375,7 +372,7 @@ void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
       const std::int64_t drop = std::max<std::int64_t>(0, past_rows + g.seq - capacity);
       const std::int64_t first = past - past_rows + drop;
       const std::int64_t needed = std::max<std::int64_t>(0, past + 1 - st.window);
-      require(
+      ATTNKIT_REQUIRE(
           first <= needed, "present_key",
           "sliding_window_cache: batch entry " + str(b) + " keeps tokens from " + str(first) +
               " on, but its first query (position " + str(past) + ") sees tokens from " + str(needed) +
@@ -393,18 +390,18 @@ void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
 // cos/sin caches, position ids, Q/K norm weights.
 void plan_rotary_and_norm(const GqaSettings& st, const GqaInputs& in, GqaPlan& g) {
   const ElementType qt = in.query.type;
-  require(in.cos_cache.present() == in.sin_cache.present(), in.cos_cache.present() ? "sin_cache" : "cos_cache",
+  ATTNKIT_REQUIRE(in.cos_cache.present() == in.sin_cache.present(), in.cos_cache.present() ? "sin_cache" : "cos_cache",
           "cos_cache and sin_cache must both be given, or both be absent");
   g.rotary = st.rotary;
   g.interleaved = st.interleaved;
-  if (st.rotary) require(in.cos_cache.present(), "cos_cache", "is required when do_rotary = 1 (with sin_cache)");
+  if (st.rotary) ATTNKIT_REQUIRE(in.cos_cache.present(), "cos_cache", "is required when do_rotary = 1 (with sin_cache)");
   if (in.cos_cache.present()) {
     check_tensor(in.cos_cache, "cos_cache", 2);
     check_type(in.cos_cache, "cos_cache", qt, "the query's type");
     check_shape(in.sin_cache, "sin_cache", in.cos_cache.shape, "cos_cache's shape");
     check_type(in.sin_cache, "sin_cache", qt, "the query's type");
     const std::int64_t half = in.cos_cache.shape[1];
-    require(half >= 1 && 2 * half <= g.head_size, "cos_cache",
+    ATTNKIT_REQUIRE(half >= 1 && 2 * half <= g.head_size, "cos_cache",
             "dimension 1 (rotary_dim / 2 = " + str(half) + ") must be in [1, head_size / 2 = " + str(g.head_size / 2) +
                 "]");
     g.cos_cache = in.cos_cache.data;
@@ -415,7 +412,7 @@ void plan_rotary_and_norm(const GqaSettings& st, const GqaInputs& in, GqaPlan& g
   if (in.position_ids.present()) {
     check_tensor(in.position_ids, "position_ids", 2);
     check_type(in.position_ids, "position_ids", ElementType::int64, "ONNX Runtime's type");
-    require(in.position_ids.shape[0] == g.batch && in.position_ids.shape[1] >= g.seq, "position_ids",
+    ATTNKIT_REQUIRE(in.position_ids.shape[0] == g.batch && in.position_ids.shape[1] >= g.seq, "position_ids",
             "must have shape (batch, >= sequence_length) = (" + str(g.batch) + ", >= " + str(g.seq) + "), got " +
                 shape_string(in.position_ids.shape));
     g.position_ids = static_cast<const std::int64_t*>(in.position_ids.data);
@@ -435,7 +432,7 @@ void plan_rotary_and_norm(const GqaSettings& st, const GqaInputs& in, GqaPlan& g
       }
     }
   }
-  require(in.q_norm_weight.present() == in.k_norm_weight.present(),
+  ATTNKIT_REQUIRE(in.q_norm_weight.present() == in.k_norm_weight.present(),
           in.q_norm_weight.present() ? "k_norm_weight" : "q_norm_weight",
           "q_norm_weight and k_norm_weight must both be given, or both be absent");
   if (in.q_norm_weight.present()) {
@@ -458,7 +455,7 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
     const TensorView& t = in.attention_bias;
     check_tensor(t, "attention_bias", 4);
     check_type(t, "attention_bias", qt, "the query's type");
-    require((t.shape[0] == 1 || t.shape[0] == g.batch) && (t.shape[1] == 1 || t.shape[1] == g.heads) &&
+    ATTNKIT_REQUIRE((t.shape[0] == 1 || t.shape[0] == g.batch) && (t.shape[1] == 1 || t.shape[1] == g.heads) &&
                 t.shape[2] == g.seq && t.shape[3] == g.total,
             "attention_bias",
             "must have shape (batch or 1, num_heads or 1, sequence_length, total_sequence_length) = (" + str(g.batch) +
@@ -469,7 +466,7 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
     g.bias_heads = t.shape[1];
   }
   if (in.head_sink.present()) {
-    require(!st.smooth_softmax, "head_sink", "must be absent when smooth_softmax = 1 (each adds a sink; use one)");
+    ATTNKIT_REQUIRE(!st.smooth_softmax, "head_sink", "must be absent when smooth_softmax = 1 (each adds a sink; use one)");
     check_shape(in.head_sink, "head_sink", {g.heads}, "(num_heads)");
     check_type(in.head_sink, "head_sink", qt, "the query's type");
     g.sink = SinkMode::HeadSink;
@@ -478,21 +475,21 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
     g.sink = SinkMode::Smooth;
   }
 
-  require(out.output.present(), "output", "is required");
+  ATTNKIT_REQUIRE(out.output.present(), "output", "is required");
   check_shape(out.output, "output", {g.batch, g.seq, g.heads * g.head_size},
               "(batch, sequence_length, num_heads * head_size)");
   check_type(out.output, "output", qt, "the query's type");
   g.output = out.output.data;
   g.qk_output = st.qk_output;
   if (st.qk_output != QkOutput::None) {
-    require(out.output_qk.present(), "output_qk",
+    ATTNKIT_REQUIRE(out.output_qk.present(), "output_qk",
             "is required when qk_output = " + str(static_cast<int>(st.qk_output)));
     check_shape(out.output_qk, "output_qk", {g.batch, g.heads, g.seq, g.total},
                 "(batch, num_heads, sequence_length, total_sequence_length)");
     check_type(out.output_qk, "output_qk", qt, "the query's type");
     g.output_qk = out.output_qk.data;
   } else {
-    require(!out.output_qk.present(), "output_qk", "is given but qk_output = 0 (nothing would be written to it)");
+    ATTNKIT_REQUIRE(!out.output_qk.present(), "output_qk", "is given but qk_output = 0 (nothing would be written to it)");
   }
 }
 
