@@ -119,12 +119,13 @@ std::size_t partial_floats(std::int64_t v_head_dim) {
   return static_cast<std::size_t>((3 + v_head_dim) * kRowBlock);
 }
 
-void save_partial(const Workspace& w, std::int64_t v_head_dim, std::int64_t lanes, float* partial) {
-  const auto bytes = static_cast<std::size_t>(lanes) * sizeof(float);
-  std::memcpy(partial, w.max, bytes);
-  std::memcpy(partial + kRowBlock, w.sum, bytes);
-  std::memcpy(partial + 2 * kRowBlock, w.poison, bytes);
-  for (std::int64_t d = 0; d < v_head_dim; ++d) std::memcpy(partial + (3 + d) * kRowBlock, w.ot + d * kRowBlock, bytes);
+void save_partial(const Workspace& w, std::int64_t v_head_dim, float* partial) {
+  // One contiguous copy (lanes past the item's rows carry whatever they hold; the merge reads only its rows):
+  // per-row copies of a few lanes cost more in calls than they save in bytes.
+  std::memcpy(partial, w.max, kRowBlock * sizeof(float));
+  std::memcpy(partial + kRowBlock, w.sum, kRowBlock * sizeof(float));
+  std::memcpy(partial + 2 * kRowBlock, w.poison, kRowBlock * sizeof(float));
+  std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
 }
 
 TiledPlan plan_tiled(const AttentionProblem& p, int threads) {

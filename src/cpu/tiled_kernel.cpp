@@ -430,8 +430,8 @@ void run_item(const ItemJob& job) {
     hn::Store(hn::Zero(df), df, w.sum + v * L);
     hn::Store(hn::Zero(df), df, w.poison + v * L);
   }
-  // Only the lanes in use: a decode item has 4 rows of 64, and zeroing (and later saving) whole rows of the
-  // accumulator would move 8-16x the bytes the item needs.
+  // Only the lanes in use: a decode item has 4 rows of 64, and zeroing whole rows of the accumulator would write
+  // 4-16x the bytes the item needs.
   for (std::int64_t d = 0; d < dv; ++d) std::fill(w.ot + d * kRowBlock, w.ot + d * kRowBlock + lanes_used, 0.0f);
 
   const VF scale = hn::Set(df, *p.scale);
@@ -551,7 +551,7 @@ void run_item(const ItemJob& job) {
   }
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
-    save_partial(w, dv, lanes_used, job.partial);
+    save_partial(w, dv, job.partial);
   } else {
     finish_rows(job);
   }

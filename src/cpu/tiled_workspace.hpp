@@ -55,8 +55,8 @@ struct ItemJob {
 // The SIMD item (tiled_kernel.cpp), dispatched to the best target.
 void run_item_dispatched(const ItemJob& job);
 
-// Copies the item's unnormalised state (its first `lanes` lanes) into its partial slot.
-void save_partial(const Workspace& ws, std::int64_t v_head_dim, std::int64_t lanes, float* partial);
+// Copies the item's unnormalised state into its partial slot.
+void save_partial(const Workspace& ws, std::int64_t v_head_dim, float* partial);
 // Normalises the item's rows from the workspace state and writes O (and the LSE); used after the merge pass.
 void finish_rows_dispatched(const ItemJob& job);
 
