@@ -102,9 +102,16 @@ struct GqaAttributes {
   float qk_norm_epsilon = 1e-6f;
 };
 
+// Where the op runs.
+//   Cpu (Auto means Cpu) or Reference (the attention core in float64): every tensor is host memory.
+//   Cuda: every tensor is CUDA device memory, except seqlens_k, total_sequence_length, position_ids, k_scale and
+//   v_scale, which may be host or device memory. The op checks them on the host before it writes anything, so
+//   device copies of them are read back (a synchronisation); pass them on the host and a decode step queues
+//   its kernels on `stream` without waiting. output_qk is not produced on CUDA (an Error says so).
 struct GqaConfig {
-  Backend backend = Backend::Cpu;  // Cpu (Auto means Cpu) or Reference (the attention core in float64)
-  int threads = 0;                 // 0: all cores. The results do not depend on it.
+  Backend backend = Backend::Cpu;
+  int threads = 0;               // Cpu: 0 = all cores. The results do not depend on it.
+  void* stream = nullptr;        // Cuda: the cudaStream_t to run on (null: the default stream)
 };
 
 // What a call produces, as ONNX Runtime infers it: a binding allocates the outputs from this. present_key /

@@ -131,6 +131,7 @@ struct GqaBenchOptions {
   std::int64_t window = -1;
   bool rotary = true;
   int threads = 0;
+  std::string device = "cpu";  // cpu | cuda
   std::uint64_t seed = kDefaultSeed;
 };
 CLI::App* add_gqa_command(CLI::App& app, GqaBenchOptions& opts);

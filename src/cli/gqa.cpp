@@ -1,7 +1,9 @@
 // `attnkit gqa`: the GroupQueryAttention op as a decoder runs it: one prompt (prefill) into a shared KV cache,
 // then N decode steps, each appending one token per sequence in place. Default shape: Llama-3-8B's attention
 // (32 query heads, 8 KV heads of 128). Reports the prefill time and, per decode step, its time and the tokens
-// per second it gives (batch / step time).
+// per second it gives (batch / step time). With --device cuda the tensors live on the GPU; a step's time is the
+// wall time of the call and a device synchronisation (what a decoder loop waits for), with seqlens_k and
+// total_sequence_length on the host as a decoder keeps them.
 #include <algorithm>
 #include <attnkit/gqa.hpp>
 #include <chrono>
@@ -9,6 +11,7 @@
 #include <random>
 
 #include "cli/commands.hpp"
+#include "cuda/cuda_backend.hpp"
 
 namespace attnkit::cli {
 namespace {
@@ -80,6 +83,7 @@ CLI::App* add_gqa_command(CLI::App& app, GqaBenchOptions& o) {
   cmd->add_option("--threads", o.threads, "Worker threads (0: all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65536));
+  cmd->add_option("--device", o.device, "Where the op runs: cpu or cuda")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the random inputs")->capture_default_str();
   return cmd;
 }
@@ -106,7 +110,25 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
     attrs.k_quant_type = attrs.v_quant_type = quant;
     attrs.kv_cache_bit_width = cache.bits;
   }
-  GroupQueryAttention op(attrs, GqaConfig{Backend::Cpu, o.threads});
+  if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device: '" + o.device + "' is not cpu or cuda");
+  const bool on_gpu = o.device == "cuda";
+  if (on_gpu && !cuda::available()) throw UsageError("--device cuda: no CUDA device (or this build has no CUDA backend)");
+  GroupQueryAttention op(attrs, GqaConfig{on_gpu ? Backend::Cuda : Backend::Cpu, o.threads, nullptr});
+  // Tensors the op reads or writes: on the host, or device copies of them.
+  std::vector<void*> device_buffers;
+  struct DeviceFree {
+    std::vector<void*>& all;
+    ~DeviceFree() {
+      for (void* p : all) cuda::device_free(p);
+    }
+  } free_all{device_buffers};
+  auto place = [&](const void* host, std::size_t bytes) -> void* {
+    if (!on_gpu) return const_cast<void*>(host);
+    void* d = cuda::device_alloc(std::max<std::size_t>(bytes, 1));
+    device_buffers.push_back(d);
+    cuda::copy_to_device(d, host, bytes);
+    return d;
+  };
 
   // The shared cache (past and present are one buffer: every call appends in place).
   const std::int64_t row_bytes = !cache.quantized  ? H * static_cast<std::int64_t>(dtype_size(t))
@@ -117,6 +139,10 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   std::vector<std::byte> k_cache(static_cast<std::size_t>(B * Nkv * capacity * row_bytes)), v_cache(k_cache.size());
   const float scale = kCacheRange / (cache.bits == 8 ? 127.0f : 7.0f);
   std::vector<float> scales(o.quant == "per-tensor" ? 1 : static_cast<std::size_t>(Nkv * H), scale);
+
+  void* k_at = place(k_cache.data(), k_cache.size());
+  void* v_at = place(v_cache.data(), v_cache.size());
+  const void* scales_at = place(scales.data(), scales.size() * sizeof(float));
 
   // Rotary tables for every position of the run.
   const std::int64_t half = H / 2;
@@ -130,40 +156,44 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
     }
   }
 
-  auto call = [&](std::int64_t S, std::int64_t past, const std::vector<std::byte>& q, const std::vector<std::byte>& k,
-                  const std::vector<std::byte>& v, std::vector<std::byte>& out) {
+  const void* cos_at = place(cos_t.data(), cos_t.size());
+  const void* sin_at = place(sin_t.data(), sin_t.size());
+
+  // One call on tensors already placed (q, k, v, out: device copies with --device cuda).
+  auto call = [&](std::int64_t S, std::int64_t past, const void* q, const void* k, const void* v, void* out) {
     std::vector<std::int32_t> seqlens(static_cast<std::size_t>(B), static_cast<std::int32_t>(past + S - 1));
     std::int32_t total = static_cast<std::int32_t>(past + S);
     GqaInputs in;
-    in.query = {q.data(), et, {B, S, N * H}};
-    in.key = {k.data(), et, {B, S, Nkv * H}};
-    in.value = {v.data(), et, {B, S, Nkv * H}};
-    in.past_key = {k_cache.data(), cache_type, {B, Nkv, capacity, last_dim}};
-    in.past_value = {v_cache.data(), cache_type, {B, Nkv, capacity, last_dim}};
+    in.query = {q, et, {B, S, N * H}};
+    in.key = {k, et, {B, S, Nkv * H}};
+    in.value = {v, et, {B, S, Nkv * H}};
+    in.past_key = {k_at, cache_type, {B, Nkv, capacity, last_dim}};
+    in.past_value = {v_at, cache_type, {B, Nkv, capacity, last_dim}};
     in.seqlens_k = {seqlens.data(), ElementType::int32, {B}};
     in.total_sequence_length = {&total, ElementType::int32, {}};
     if (o.rotary) {
-      in.cos_cache = {cos_t.data(), et, {capacity, half}};
-      in.sin_cache = {sin_t.data(), et, {capacity, half}};
+      in.cos_cache = {cos_at, et, {capacity, half}};
+      in.sin_cache = {sin_at, et, {capacity, half}};
     }
     if (cache.quantized) {
-      in.k_scale = {scales.data(), ElementType::float32, {static_cast<std::int64_t>(scales.size())}};
+      in.k_scale = {scales_at, ElementType::float32, {static_cast<std::int64_t>(scales.size())}};
       in.v_scale = in.k_scale;
     }
     GqaOutputs outs;
-    outs.output = {out.data(), et, {B, S, N * H}};
-    outs.present_key = {k_cache.data(), cache_type, {B, Nkv, capacity, last_dim}};
-    outs.present_value = {v_cache.data(), cache_type, {B, Nkv, capacity, last_dim}};
+    outs.output = {out, et, {B, S, N * H}};
+    outs.present_key = {k_at, cache_type, {B, Nkv, capacity, last_dim}};
+    outs.present_value = {v_at, cache_type, {B, Nkv, capacity, last_dim}};
     op.run(in, outs);
+    if (on_gpu) cuda::synchronize();
   };
 
   const std::string cache_label = cache.quantized ? o.cache + " " + o.quant : o.cache;
   ctx.out << strprintf(
       "gqa: batch %lld, %lld query heads / %lld kv heads of %lld, %s queries, %s cache, "
-      "window %lld, rotary %s, %d threads\n",
+      "window %lld, rotary %s, %s\n",
       static_cast<long long>(B), static_cast<long long>(N), static_cast<long long>(Nkv), static_cast<long long>(H),
       dtype_string(t).c_str(), cache_label.c_str(), static_cast<long long>(o.window), o.rotary ? "on" : "off",
-      resolve_threads(o.threads));
+      on_gpu ? "on cuda" : (std::to_string(resolve_threads(o.threads)) + " threads").c_str());
   ctx.out << strprintf("      cache %lld rows per head, %.1f MiB for K and V\n", static_cast<long long>(capacity),
                        2.0 * static_cast<double>(k_cache.size()) / (1 << 20));
 
@@ -171,8 +201,12 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
     const auto q = random_tensor(t, B * P * N * H, rng), k = random_tensor(t, B * P * Nkv * H, rng),
                v = random_tensor(t, B * P * Nkv * H, rng);
     std::vector<std::byte> out(static_cast<std::size_t>(B * P * N * H) * dtype_size(t));
+    const void* q_at = place(q.data(), q.size());
+    const void* kn_at = place(k.data(), k.size());
+    const void* vn_at = place(v.data(), v.size());
+    void* out_at = place(out.data(), out.size());
     const auto t0 = Clock::now();
-    call(P, 0, q, k, v, out);
+    call(P, 0, q_at, kn_at, vn_at, out_at);
     const double s = seconds_since(t0);
     ctx.out << strprintf("prefill  %lld tokens x %lld: %9.3f ms  %10.0f tokens/s   [%s]\n", static_cast<long long>(P),
                          static_cast<long long>(B), s * 1e3, static_cast<double>(B * P) / s, op.describe().c_str())
@@ -183,10 +217,14 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   const auto q = random_tensor(t, B * N * H, rng), k = random_tensor(t, B * Nkv * H, rng),
              v = random_tensor(t, B * Nkv * H, rng);
   std::vector<std::byte> out(static_cast<std::size_t>(B * N * H) * dtype_size(t));
+  const void* q_at = place(q.data(), q.size());
+  const void* k_new = place(k.data(), k.size());
+  const void* v_new = place(v.data(), v.size());
+  void* out_at = place(out.data(), out.size());
   std::vector<double> times;
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = Clock::now();
-    call(1, P + step, q, k, v, out);
+    call(1, P + step, q_at, k_new, v_new, out_at);
     times.push_back(seconds_since(t0));
   }
   const std::int64_t shown = std::min<std::int64_t>(o.steps, 8);

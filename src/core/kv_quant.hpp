@@ -43,7 +43,7 @@ inline int quantize_value(float x, float inv_scale, int lo, int hi) {
   return static_cast<int>(std::clamp(q, static_cast<float>(lo), static_cast<float>(hi)));
 }
 // The reciprocal every quantizer multiplies by (computed once per scale, in float32).
-inline float inverse_scale(float scale) { return 1.0f / scale; }
+ATTNKIT_HD float inverse_scale(float scale) { return 1.0f / scale; }
 
 ATTNKIT_HD float dequantize_value(int q, float scale) { return static_cast<float>(q) * scale; }
 

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
         const int r = r0 + half * 8;
         const int begin = r < rows ? row_begin[r] : 0;
         const int end = r < rows ? row_end[r] : 0;
-        const float* mask_row = p.has_mask && r < rows ? p.mask + p.lmask.index(c.b, row_head[r], row_query[r]) : nullptr;
+        const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, row_head[r], row_query[r]) : -1;
 #pragma unroll
         for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
             const std::int64_t key = k0 + col;
             const bool seen = col < n && key >= begin && key < end;
             float& x = s[j][half * 2 + e];
-            x = seen ? (mask_row != nullptr ? x + mask_row[key] : x) : core::kNegInf;
+            x = seen ? (mask_row >= 0 ? x + load_mask(p, mask_row + key) : x) : core::kNegInf;
           }
       }
     }

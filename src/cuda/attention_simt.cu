@@ -133,12 +133,25 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
     const std::int64_t k0 = max64(t0, lo);
     const int n = static_cast<int>(min64(t0 + kKeys, hi) - k0);
     // K tile transposed, V tile as is; keys past n and columns past Dv are zero.
-    for (int j = warp; j < kKeys; j += kWarps) {
-      const T* krow = j < n ? k + p.lk.index(c.b, c.kvh, k0 + j) : nullptr;
-      const T* vrow = j < n ? v + p.lv.index(c.b, c.kvh, k0 + j) : nullptr;
-      for (std::int64_t d = lane; d < D; d += 32) kt[d * kKeyPad + j] = krow != nullptr ? to_float(krow[d]) : 0.0f;
-      for (std::int64_t d = lane; d < L.v_stride; d += 32)
-        vs[j * L.v_stride + d] = vrow != nullptr && d < Dv ? to_float(vrow[d]) : 0.0f;
+    if (p.k_type == KvType::Float && p.v_type == KvType::Float) {
+      for (int j = warp; j < kKeys; j += kWarps) {
+        const T* krow = j < n ? k + p.lk.index(c.b, c.kvh, k0 + j) : nullptr;
+        const T* vrow = j < n ? v + p.lv.index(c.b, c.kvh, k0 + j) : nullptr;
+        for (std::int64_t d = lane; d < D; d += 32) kt[d * kKeyPad + j] = krow != nullptr ? to_float(krow[d]) : 0.0f;
+        for (std::int64_t d = lane; d < L.v_stride; d += 32)
+          vs[j * L.v_stride + d] = vrow != nullptr && d < Dv ? to_float(vrow[d]) : 0.0f;
+      }
+    } else {  // a quantized cache (the GQA op's chunked prefill): dequantized value by value
+      for (int j = warp; j < kKeys; j += kWarps) {
+        const bool valid = j < n;
+        const std::int64_t krow = valid ? p.lk.index(c.b, c.kvh, k0 + j) : 0;
+        const std::int64_t vrow = valid ? p.lv.index(c.b, c.kvh, k0 + j) : 0;
+        for (std::int64_t d = lane; d < D; d += 32)
+          kt[d * kKeyPad + j] = valid ? load_kv_value<T>(p.k, p.k_type, p.k_quant, p.k_scale, c.kvh, D, krow, d) : 0.0f;
+        for (std::int64_t d = lane; d < L.v_stride; d += 32)
+          vs[j * L.v_stride + d] =
+              valid && d < Dv ? load_kv_value<T>(p.v, p.v_type, p.v_quant, p.v_scale, c.kvh, Dv, vrow, d) : 0.0f;
+      }
     }
     __syncthreads();
 
@@ -175,14 +188,13 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
         const int r = 4 * ty + a;
         const int begin = r < rows ? row_begin[r] : 0;
         const int end = r < rows ? row_end[r] : 0;
-        const float* mask_row =
-            p.has_mask && r < rows ? p.mask + p.lmask.index(c.b, row_head[r], row_query[r]) : nullptr;
+        const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, row_head[r], row_query[r]) : -1;
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           const int j = 4 * tx + b;
           const std::int64_t key = k0 + j;
           const bool seen = j < n && key >= begin && key < end;
-          s[a][b] = seen ? (mask_row != nullptr ? s[a][b] + mask_row[key] : s[a][b]) : core::kNegInf;
+          s[a][b] = seen ? (mask_row >= 0 ? s[a][b] + load_mask(p, mask_row + key) : s[a][b]) : core::kNegInf;
         }
       }
     }

@@ -15,6 +15,8 @@ constexpr std::int64_t kRowBlock = 64;
 constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
 constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
 constexpr std::int64_t kMaxSplits = 64;
+constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
+constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
 constexpr std::size_t kFlagBytes = 256;      // the key-length check's flag, at the start of scratch
 
 void check_cuda(cudaError_t e, const char* what) {
@@ -45,7 +47,14 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.k = a.k.data;
   k.v = a.v.data;
   k.o = a.o.data;
-  k.mask = static_cast<const float*>(a.mask.data);
+  k.mask = a.mask.data;
+  k.mask_dtype = p.mask_dtype;
+  k.k_type = p.k_storage.type;
+  k.v_type = p.v_storage.type;
+  k.k_quant = p.k_storage.quant;
+  k.v_quant = p.v_storage.quant;
+  k.k_scale = static_cast<const float*>(a.k_scale.data);
+  k.v_scale = static_cast<const float*>(a.v_scale.data);
   k.key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
   k.sinks = static_cast<const float*>(a.head_sink.data);
   k.causal_offsets = static_cast<const std::int32_t*>(a.causal_offsets.data);
@@ -101,42 +110,85 @@ bool is_device_pointer(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
-CudaPlan plan(const AttentionProblem& p) {
-  if (p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) throw Error(p.k_storage.type != KvType::Float ? "k_storage" : "v_storage", "quantized (int8/int4) K/V caches run on the CPU backends only, not on CUDA");
-  if (p.mask_dtype != DType::f32) throw Error("mask_dtype", "the CUDA backend takes a float32 mask only");
-  if (!available()) throw Error("config.backend", "no CUDA device is present");
+namespace {
+
+// The decode kernel reads a lane's 16 values of a row with 16-byte (int4: 8-byte) loads.
+bool decode_aligned(const Layout& l, KvType type, DType dtype) {
+  const std::int64_t m = decode_value_alignment(type, dtype);
+  return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
+}
+
+CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, bool allow_decode) {
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  const bool decode_ok = decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                         decode_aligned(p.k, p.k_storage.type, p.dtype) &&
+                         decode_aligned(p.v, p.v_storage.type, p.dtype);
+  // Few rows per K/V head: the work is streaming the cache, which the decode kernel does at full width (a
+  // 64-row tile would leave most of its rows empty). A quantized cache takes it up to 64 rows (a prompt chunk)
+  // since the other kernels dequantize value by value.
+  if (allow_decode && decode_ok && group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) return CudaPlan::Kernel::Decode;
+  if (!quantized && mma_supports(p.dtype, p.head_dim, p.v_head_dim) && layout_aligned16(p.q) &&
+      layout_aligned16(p.k) && layout_aligned16(p.v)) {
+    return CudaPlan::Kernel::TensorCore;
+  }
+  return CudaPlan::Kernel::Simt;
+}
+
+CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
   CudaPlan plan;
-  plan.kernel = mma_supports(p.dtype, p.head_dim, p.v_head_dim) && layout_aligned16(p.q) && layout_aligned16(p.k) &&
-                        layout_aligned16(p.v)
-                    ? CudaPlan::Kernel::TensorCore
-                    : CudaPlan::Kernel::Simt;
-  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? static_cast<int>(p.head_dim) : 0;
   plan.sm_count = device_sm_count();
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
-  plan.row_block = kRowBlock;
-  plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
+  plan.kernel = choose_kernel(p, plan.group_rows, allow_decode);
+  const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
+  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? static_cast<int>(p.head_dim) : 0;
+  plan.row_block = decode ? kDecodeRows : kRowBlock;
+  plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
-  // Split the keys when the row blocks alone would not fill the GPU twice over.
-  const std::int64_t target = 2 * static_cast<std::int64_t>(plan.sm_count);
+  // Split the keys when the row blocks alone would not fill the GPU (twice over for the tile kernels; the
+  // decode kernel wants several blocks per SM in flight to keep enough loads outstanding). The decode kernel
+  // also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
+  const std::int64_t target = (decode ? 4 : 2) * static_cast<std::int64_t>(plan.sm_count);
+  std::int64_t want = 1;
   if (base_blocks > 0 && base_blocks < target && p.k_len >= 2 * kMinSplitKeys) {
-    const std::int64_t want = std::min({ceil_div(target, base_blocks), p.k_len / kMinSplitKeys, kMaxSplits});
+    want = std::min({ceil_div(target, base_blocks), p.k_len / kMinSplitKeys, kMaxSplits});
+  }
+  if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
+  if (want > 1) {
     plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim)
+                    : decode                                    ? decode_smem_bytes()
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
-  plan.partial_bytes = plan.splits > 1
-                           ? static_cast<std::size_t>(plan.blocks * kRowBlock * (3 + p.v_head_dim)) * sizeof(float)
-                           : 0;
+  plan.partial_bytes =
+      plan.splits > 1
+          ? static_cast<std::size_t>(plan.blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float)
+          : 0;
   plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
   return plan;
 }
 
+}  // namespace
+
+CudaPlan plan(const AttentionProblem& p) {
+  if (!available()) throw Error("config.backend", "no CUDA device is present");
+  CudaPlan plan = plan_for(p, true);
+  if (plan.kernel == CudaPlan::Kernel::Decode) {
+    // Rows that do not start on the decode kernel's load width (an odd base pointer, seen only at run time)
+    // take the tile kernels' plan instead: the scratch covers both.
+    plan.scratch_bytes = std::max(plan.scratch_bytes, plan_for(p, false).scratch_bytes);
+  }
+  return plan;
+}
+
 std::string describe(const CudaPlan& plan) {
-  std::string s = std::string("cuda.") + (plan.kernel == CudaPlan::Kernel::Simt ? "simt" : "tensor-core") + " " +
+  const char* kernel = plan.kernel == CudaPlan::Kernel::Simt     ? "simt"
+                       : plan.kernel == CudaPlan::Kernel::Decode ? "decode"
+                                                                 : "tensor-core";
+  std::string s = std::string("cuda.") + kernel + " " +
                   std::to_string(plan.blocks) + " blocks of " + std::to_string(plan.row_block) + " rows, " +
                   std::to_string(plan.smem_bytes) + " B shared, " + std::to_string(plan.sm_count) + " SMs";
   if (plan.splits > 1) {
@@ -145,11 +197,14 @@ std::string describe(const CudaPlan& plan) {
   return s;
 }
 
-void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, void* scratch) {
+void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
+         bool check_key_lengths) {
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
+  const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const CudaPlan plan = chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits ? plan_for(p, false) : chosen;
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
-  if (p.has_key_lengths && p.batch > 0) {
+  if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
     // The lengths live on the device: check them there, before any output is written.
     launch_check_key_lengths(static_cast<const std::int32_t*>(a.key_lengths.data), p.batch, p.k_len, flag, stream);
     check_cuda(cudaGetLastError(), "the key-length check launch");
@@ -179,7 +234,9 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
-    if (tensor_cores) {
+    if (plan.kernel == CudaPlan::Kernel::Decode) {
+      launch_decode(params, p.dtype, blocks, stream);
+    } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
     } else {
       launch_simt(params, p.dtype, blocks, simt_smem, stream);
@@ -199,5 +256,11 @@ void* device_alloc(std::size_t bytes) {
 }
 
 void device_free(void* p) { cudaFree(p); }
+
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  check_cuda(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+
+void synchronize() { check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 }  // namespace attnkit::cuda

@@ -17,7 +17,7 @@ bool is_device_pointer(const void* p);
 
 // Which kernel runs a problem, its grid and its key split. Chosen from the shape and the device's SM count.
 struct CudaPlan {
-  enum class Kernel : std::uint8_t { Simt, TensorCore };
+  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode };
   Kernel kernel = Kernel::Simt;
   int head_dim_tile = 0;        // TensorCore: the padded head dim the kernel is built for
   std::int64_t group = 1;       // query heads per K/V head
@@ -37,10 +37,15 @@ CudaPlan plan(const AttentionProblem& problem);
 std::string describe(const CudaPlan& plan);
 // Runs on args.stream. Checks key lengths on the device first (one small kernel and a 4-byte copy) when the
 // problem has them; throws Error before launching anything if one is out of range.
-void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch);
+// check_key_lengths = false skips that check: for callers that made the lengths themselves (the GQA op).
+void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
+         bool check_key_lengths = true);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);
+// For tools (the CLI): a blocking host -> device copy, and waiting for the device.
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
+void synchronize();
 
 }  // namespace attnkit::cuda

@@ -1,5 +1,6 @@
 // The CUDA backend when the build has no CUDA: nothing is available, and asking for it is an error.
 #include "cuda_backend.hpp"
+#include "gqa_device.hpp"
 
 namespace attnkit::cuda {
 
@@ -7,10 +8,23 @@ bool available() { return false; }
 bool is_device_pointer(const void*) { return false; }
 CudaPlan plan(const AttentionProblem&) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::string describe(const CudaPlan&) { return "cuda (not built)"; }
-void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*) {
+void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool) {
   throw Error("config.backend", "the CUDA backend is not part of this build");
 }
 void* device_alloc(std::size_t) { return nullptr; }
 void device_free(void*) {}
+void copy_to_device(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+void synchronize() {}
+
+// The GQA op's device side (gqa_device.hpp): unreachable without a device (the op checks available() first).
+void launch_cache_move(const CacheMove&, void*) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+void launch_append(const AppendStep&, void*) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+struct DeviceWorkspace::State {};
+DeviceWorkspace::DeviceWorkspace() = default;
+DeviceWorkspace::~DeviceWorkspace() = default;
+std::byte* DeviceWorkspace::device(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+std::byte* DeviceWorkspace::stage(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+void DeviceWorkspace::upload(void*, std::size_t, void*) {}
+void copy_to_host(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 
 }  // namespace attnkit::cuda

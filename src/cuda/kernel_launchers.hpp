@@ -39,6 +39,16 @@ bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim);
 std::size_t mma_smem_bytes(std::int64_t head_dim);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 
+// attention_decode.cu: 4 rows per block, key ranges of at most kDecodeMaxKeys keys, K/V of the query's type or
+// quantized (int8 / int4, same type for K and V), head dim a multiple of 16 up to 256 (= v_head_dim), rows
+// starting on decode_value_alignment values.
+inline constexpr std::int64_t kDecodeRows = 4;
+inline constexpr std::int64_t kDecodeMaxKeys = 2048;
+bool decode_supports(std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
+std::int64_t decode_value_alignment(KvType type, DType dtype);
+std::size_t decode_smem_bytes();
+void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
 

@@ -2,6 +2,7 @@
 // loads and stores per dtype, and where a block's rows (head, query) and keys come from.
 #pragma once
 
+#include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
@@ -31,7 +32,7 @@ struct KernelParams {
   const void* k;
   const void* v;
   void* o;
-  const float* mask;
+  const void* mask;  // mask_dtype elements
   const std::int32_t* key_lengths;
   const float* sinks;
   const std::int32_t* causal_offsets;  // per batch entry, or null
@@ -41,6 +42,12 @@ struct KernelParams {
   std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
   std::int64_t group, group_rows, row_blocks, splits, split_keys;
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
+  // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
+  KvType k_type, v_type;
+  KvQuant k_quant, v_quant;
+  const float* k_scale;
+  const float* v_scale;
+  DType mask_dtype;
   core::VisibilityRule rule;
   core::ScoreTransform transform;
   bool has_mask, has_key_lengths, has_sink, return_lse;
@@ -67,6 +74,34 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Element `index` of the additive mask, as float (the mask may be float32, float16 or bfloat16).
+__device__ __forceinline__ float load_mask(const KernelParams& p, std::int64_t index) {
+  switch (p.mask_dtype) {
+    case DType::f16: return __half2float(static_cast<const __half*>(p.mask)[index]);
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[index]);
+    case DType::f32: break;
+  }
+  return static_cast<const float*>(p.mask)[index];
+}
+
+// Value d of a K or V row that starts at value index `row`: a float element of type T, or a stored int8 / int4
+// value times its scale (one float product, as every reader of a quantized cache computes it).
+template <class T>
+__device__ __forceinline__ float load_kv_value(const void* base, KvType type, KvQuant quant, const float* scales,
+                                               std::int64_t kv_head, std::int64_t dim, std::int64_t row,
+                                               std::int64_t d) {
+  switch (type) {
+    case KvType::Int8:
+      return core::dequantize_value(static_cast<const std::int8_t*>(base)[row + d],
+                                    core::kv_scale_at(scales, quant, kv_head, dim, d));
+    case KvType::Int4:
+      return core::dequantize_value(core::int4_at(static_cast<const std::uint8_t*>(base), row + d),
+                                    core::kv_scale_at(scales, quant, kv_head, dim, d));
+    case KvType::Float: break;
+  }
+  return to_float(static_cast<const T*>(base)[row + d]);
+}
 
 // 2^x on the special-function unit (relative error ~2^-22, far below float16/bfloat16 rounding); exp2(-inf) = 0.
 __device__ __forceinline__ float fast_exp2(float x) {

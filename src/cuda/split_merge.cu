@@ -6,42 +6,48 @@
 namespace attnkit::cuda {
 namespace {
 
-constexpr int kMergeThreads = 128;
+constexpr int kMergeWarps = 4;
+constexpr int kMergeThreads = kMergeWarps * 32;
 
+// One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. Every
+// lane folds the (max, sum, poison) states itself (the same loads, broadcast), then its columns.
 template <class T>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block) {
-  const std::int64_t base = blockIdx.x;  // (b, kvh, row block) without the split
+  const std::int64_t base = blockIdx.x;
   const BlockCoord c = block_coord(p, base * p.splits);
   const std::int64_t first_row = c.row_block * row_block;
   const std::int64_t rows = min64(row_block, p.group_rows - first_row);
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * kMergeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
   const std::int64_t Dv = p.v_head_dim;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float max = core::kNegInf, sum = 0.0f;
-    bool poison = false;
-    for (std::int64_t s = 0; s < p.splits; ++s) {
-      const float* part = p.partial + ((base * p.splits + s) * row_block + r) * (3 + Dv);
-      const core::MergeWeights w = core::merge_weights(max, part[0]);
-      sum = sum * w.wa + part[1] * w.wb;
-      poison |= part[2] != 0.0f;
-      max = w.max;
-    }
-    const std::int64_t pair = first_row + r;
-    const std::int64_t h = c.kvh * p.group + pair / p.q_len;
-    const std::int64_t i = pair % p.q_len;
-    const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
-    for (std::int64_t d = threadIdx.x; d < Dv; d += kMergeThreads) {
-      float m = core::kNegInf, acc = 0.0f;
-      for (std::int64_t s = 0; s < p.splits; ++s) {
-        const float* part = p.partial + ((base * p.splits + s) * row_block + r) * (3 + Dv);
-        const core::MergeWeights w = core::merge_weights(m, part[0]);
-        acc = acc * w.wa + part[3 + d] * w.wb;
-        m = w.max;
-      }
-      out[d] = from_float<T>(finished_value(fin, acc));
-    }
-    if (p.return_lse && threadIdx.x == 0) p.lse[p.llse.index(c.b, h, i)] = fin.lse;
+  const std::int64_t stride = row_block * (3 + Dv);  // between one row's partials of consecutive splits
+  const float* first_part = p.partial + (base * p.splits * row_block + r) * (3 + Dv);
+  float max = core::kNegInf, sum = 0.0f;
+  bool poison = false;
+  for (std::int64_t s = 0; s < p.splits; ++s) {
+    const float* part = first_part + s * stride;
+    const core::MergeWeights w = core::merge_weights(max, part[0]);
+    sum = sum * w.wa + part[1] * w.wb;
+    poison |= part[2] != 0.0f;
+    max = w.max;
   }
+  const std::int64_t pair = first_row + r;
+  const std::int64_t h = c.kvh * p.group + pair / p.q_len;
+  const std::int64_t i = pair % p.q_len;
+  const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
+  T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
+  for (std::int64_t d = lane; d < Dv; d += 32) {
+    float m = core::kNegInf, acc = 0.0f;
+    for (std::int64_t s = 0; s < p.splits; ++s) {
+      const float* part = first_part + s * stride;
+      const core::MergeWeights w = core::merge_weights(m, part[0]);
+      acc = acc * w.wa + part[3 + d] * w.wb;
+      m = w.max;
+    }
+    out[d] = from_float<T>(finished_value(fin, acc));
+  }
+  if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, h, i)] = fin.lse;
 }
 
 __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad) {
@@ -57,7 +63,8 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
 }  // namespace
 
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks);
+  const dim3 blocks(static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks),
+                    static_cast<unsigned>((row_block + kMergeWarps - 1) / kMergeWarps));
   switch (dtype) {
     case DType::f32: merge_kernel<float><<<blocks, kMergeThreads, 0, stream>>>(p, row_block); break;
     case DType::f16: merge_kernel<__half><<<blocks, kMergeThreads, 0, stream>>>(p, row_block); break;

@@ -17,6 +17,8 @@
 
 #include "../core/kv_quant.hpp"
 #include "../core/problem_check.hpp"
+#include "../cuda/cuda_backend.hpp"
+#include "../cuda/gqa_device.hpp"
 #include "gqa_plan.hpp"
 #include "output_qk.hpp"
 #include "qk_norm.hpp"
@@ -84,7 +86,12 @@ struct GroupQueryAttention::Impl {
     std::int64_t batch_offset = 0;  // first batch entry it covers
   };
 
+  // The CUDA backend's state: device scratch, the pinned stage, host copies of small device inputs.
+  std::unique_ptr<cuda::DeviceWorkspace> device;
+  std::vector<std::vector<std::byte>> host_copies;
+
   void run(const GqaInputs& in, const GqaOutputs& out);
+  void run_cuda(const GqaInputs& in, const GqaOutputs& out);
   std::vector<CoreCall> core_calls(const gqa::GqaPlan& g, const void* q, std::int64_t q_elements, bool q_prepared);
 };
 
@@ -185,7 +192,48 @@ std::vector<GroupQueryAttention::Impl::CoreCall> GroupQueryAttention::Impl::core
   return calls;
 }
 
+// Inputs the CUDA op reads on the host (its checks and its plan need their values); each may be host or device
+// memory. Every other tensor of a CUDA call is device memory.
+constexpr int kHostReadInputs[] = {5, 6, 9, 11, 12, 13};  // seqlens_k, total_sequence_length, position_ids,
+                                                          // head_sink, k_scale, v_scale
+bool host_read_input(int index) {
+  return std::find(std::begin(kHostReadInputs), std::end(kHostReadInputs), index) != std::end(kHostReadInputs);
+}
+
+// Every tensor of a call is host memory (CPU backends) or, with CUDA, device memory where the op reads it there.
+void check_memory_kinds(const GqaInputs& in, const GqaOutputs& out, bool on_device) {
+  if (!cuda::available()) {
+    if (on_device) throw Error("config.backend", "no CUDA device is present (or this build has no CUDA backend)");
+    return;
+  }
+  auto check = [&](const void* data, std::int64_t elements, std::string_view name, bool device_required) {
+    if (data == nullptr || elements == 0) return;
+    const bool device = cuda::is_device_pointer(data);
+    if (device_required && !device) {
+      throw Error(std::string(name), "is host memory, but a CUDA call reads it on the device (every tensor but "
+                                     "seqlens_k, total_sequence_length, position_ids, head_sink, k_scale and "
+                                     "v_scale must be CUDA device memory)");
+    }
+    if (!on_device && device) {
+      throw Error(std::string(name), "is CUDA device memory: run the op with GqaConfig::backend = Backend::Cuda");
+    }
+  };
+  for (int i = 0; i < GqaInputs::kCount; ++i) {
+    const TensorView& t = in.input(i);
+    if (t.present()) check(t.data, t.elements(), gqa_input_name(i), on_device && !host_read_input(i));
+  }
+  for (int i = 0; i < GqaOutputs::kCount; ++i) {
+    const MutableTensorView& t = out.output_at(i);
+    if (t.present()) check(t.data, t.elements(), gqa_output_name(i), on_device);
+  }
+}
+
 void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) {
+  if (config.backend == Backend::Cuda) {
+    run_cuda(in, out);
+    return;
+  }
+  check_memory_kinds(in, out, false);
   const gqa::GqaPlan g = gqa::plan_call(settings, in, out);
   const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
   const bool prepare_q = g.qk_norm || g.rotary;
@@ -271,13 +319,172 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
          std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + ops.front().describe();
 }
 
+// The CUDA form of run(): the same checks and plan on the host, then on `config.stream`: the cache moves, the
+// fused pre-pass (Q' and the new K/V rows), the attention core reading the caches in place.
+void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOutputs& out) {
+  check_memory_kinds(in_given, out, true);
+  // Host copies of the small inputs that live on the device.
+  GqaInputs in = in_given;
+  host_copies.resize(GqaInputs::kCount);
+  for (int i : kHostReadInputs) {
+    TensorView& t = in.input(i);
+    if (!t.present() || t.data == nullptr || !cuda::is_device_pointer(t.data)) continue;
+    const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(t.elements(), 0)) * element_size(t.type);
+    host_copies[static_cast<std::size_t>(i)].resize(bytes);
+    cuda::copy_to_host(host_copies[static_cast<std::size_t>(i)].data(), t.data, bytes);
+    t.data = host_copies[static_cast<std::size_t>(i)].data();
+  }
+  const gqa::GqaPlan g = gqa::plan_call(settings, in, out);
+  const bool prepare_q = g.qk_norm || g.rotary;
+  const std::size_t es = dtype_size(g.dtype);
+  const std::int64_t q_elements = prepare_q ? g.batch * g.seq * g.heads * g.head_size : in.query.elements();
+
+  // The core's plans (they need shapes only), then the device memory: [core scratch | Q' | small arrays].
+  std::vector<CoreCall> calls = core_calls(g, g.query, q_elements, prepare_q);
+  std::vector<cuda::CudaPlan> plans;
+  std::size_t core_bytes = 0;
+  for (const CoreCall& c : calls) {
+    plans.push_back(cuda::plan(c.problem));
+    core_bytes = std::max(core_bytes, plans.back().scratch_bytes);
+  }
+  const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  const std::int64_t B = g.batch;
+  const std::size_t k_scales = static_cast<std::size_t>(
+      core::kv_scale_count(g.present_key.format.storage.quant, g.kv_heads, g.head_size));
+  const std::size_t v_scales = static_cast<std::size_t>(
+      core::kv_scale_count(g.present_value.format.storage.quant, g.kv_heads, g.head_size));
+  const std::size_t positions = g.position_ids != nullptr ? static_cast<std::size_t>(B * g.position_row) : 0;
+  // Small arrays, each 256-byte aligned: key rows, causal offsets, batch rows, sinks, K / V scales, positions.
+  const std::size_t small_sizes[] = {B * sizeof(std::int32_t), B * sizeof(std::int32_t),
+                                     B * sizeof(cuda::DeviceBatchRows), static_cast<std::size_t>(g.heads) * sizeof(float),
+                                     k_scales * sizeof(float), v_scales * sizeof(float),
+                                     positions * sizeof(std::int64_t)};
+  std::size_t small_at[7];
+  std::size_t small_bytes = 0;
+  for (int i = 0; i < 7; ++i) {
+    small_at[i] = small_bytes;
+    small_bytes += align(small_sizes[i]);
+  }
+  const std::size_t q_bytes = prepare_q ? static_cast<std::size_t>(q_elements) * es : 0;
+  if (!device) device = std::make_unique<cuda::DeviceWorkspace>();
+  std::byte* base = device->device(align(core_bytes) + align(q_bytes) + small_bytes);
+  std::byte* core_scratch = base;
+  std::byte* q_prepared = prepare_q ? base + align(core_bytes) : nullptr;
+  std::byte* small = base + align(core_bytes) + align(q_bytes);
+
+  // The calls with their real Q, checked with the host arrays (lengths and scales are read there); then every
+  // small array moves to its device copy.
+  calls = core_calls(g, prepare_q ? q_prepared : g.query, q_elements, prepare_q);
+  for (CoreCall& c : calls) core::check_args(c.problem, c.args, 0);
+
+  std::byte* stage = device->stage(small_bytes);
+  auto put = [&](int i, const void* src) {
+    if (small_sizes[i] > 0) std::memcpy(stage + small_at[i], src, small_sizes[i]);
+  };
+  put(0, key_rows.data());
+  put(1, offsets.data());
+  std::vector<cuda::DeviceBatchRows> batch_rows(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const gqa::BatchPlan& r = g.rows[static_cast<std::size_t>(b)];
+    batch_rows[static_cast<std::size_t>(b)] = {r.past_rows, r.drop, r.write_row, r.past};
+  }
+  put(2, batch_rows.data());
+  if (!sinks.empty()) put(3, sinks.data());
+  if (k_scales > 0) put(4, g.present_key.scales);
+  if (v_scales > 0) put(5, g.present_value.scales);
+  if (positions > 0) put(6, g.position_ids);
+  device->upload(small, small_bytes, config.stream);
+  const auto* d_key_rows = reinterpret_cast<const std::int32_t*>(small + small_at[0]);
+  const auto* d_offsets = reinterpret_cast<const std::int32_t*>(small + small_at[1]);
+  const auto* d_rows = reinterpret_cast<const cuda::DeviceBatchRows*>(small + small_at[2]);
+  const auto* d_sinks = reinterpret_cast<const float*>(small + small_at[3]);
+  const auto* d_k_scales = k_scales > 0 ? reinterpret_cast<const float*>(small + small_at[4]) : nullptr;
+  const auto* d_v_scales = v_scales > 0 ? reinterpret_cast<const float*>(small + small_at[5]) : nullptr;
+  const auto* d_positions = positions > 0 ? reinterpret_cast<const std::int64_t*>(small + small_at[6]) : nullptr;
+  for (CoreCall& c : calls) {
+    if (c.args.key_lengths.data != nullptr) c.args.key_lengths.data = d_key_rows + c.batch_offset;
+    if (c.args.causal_offsets.data != nullptr) c.args.causal_offsets.data = d_offsets + c.batch_offset;
+    if (c.args.head_sink.data != nullptr) c.args.head_sink.data = d_sinks;
+    if (c.args.k_scale.data != nullptr) c.args.k_scale.data = d_k_scales;
+    if (c.args.v_scale.data != nullptr) c.args.v_scale.data = d_v_scales;
+    c.args.scratch = core_scratch;
+    c.args.scratch_bytes = core_bytes;
+    c.args.stream = config.stream;
+  }
+
+  // Writes start here: every check has passed.
+  const auto device_cache = [](const gqa::CacheTensor& t, const float* scales) {
+    return cuda::DeviceCache{t.data, t.format.storage.type, t.format.storage.quant, t.capacity, t.format.row_bytes(),
+                             scales};
+  };
+  const cuda::DeviceCache key_cache = device_cache(g.present_key, d_k_scales);
+  const cuda::DeviceCache value_cache = device_cache(g.present_value, d_v_scales);
+  bool drops = false;
+  for (const gqa::BatchPlan& r : g.rows) drops |= r.drop > 0;
+  if (!g.shared || drops) {  // separate buffers (or no past): copy the kept rows, zero the rest; a full window slides
+    cuda::CacheMove m;
+    m.separate = !g.shared;
+    m.past_key = g.has_past && !g.shared ? g.past_key.data : nullptr;
+    m.past_value = g.has_past && !g.shared ? g.past_value.data : nullptr;
+    m.past_capacity = g.has_past ? g.past_key.capacity : 0;
+    m.key = key_cache;
+    m.value = value_cache;
+    m.batch = B;
+    m.kv_heads = g.kv_heads;
+    m.new_rows = g.seq;
+    m.rows = d_rows;
+    cuda::launch_cache_move(m, config.stream);
+  }
+  cuda::AppendStep st;
+  st.dtype = g.dtype;
+  st.batch = B;
+  st.seq = g.seq;
+  st.heads = g.heads;
+  st.kv_heads = g.kv_heads;
+  st.head_size = g.head_size;
+  st.query = g.query;
+  st.key = g.key;
+  st.value = g.value;
+  st.q_in = g.q_in;
+  st.k_in = g.k_in;
+  st.v_in = g.v_in;
+  st.q_out = q_prepared;
+  st.rotary = g.rotary;
+  st.interleaved = g.interleaved;
+  st.cos_cache = g.cos_cache;
+  st.sin_cache = g.sin_cache;
+  st.rotary_half = g.rotary_half;
+  st.position_ids = d_positions;
+  st.position_row = g.position_row;
+  st.qk_norm = g.qk_norm;
+  st.q_norm_weight = g.q_norm_weight;
+  st.k_norm_weight = g.k_norm_weight;
+  st.norm_epsilon = g.norm_epsilon;
+  st.key_cache = key_cache;
+  st.value_cache = value_cache;
+  st.rows = d_rows;
+  cuda::launch_append(st, config.stream);
+  for (std::size_t i = 0; i < calls.size(); ++i) cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false);
+
+  last = "gqa " + step_name(g) + " on cuda, " +
+         (g.sliding  ? "window cache"
+          : g.shared ? "shared cache"
+                     : "separate caches") +
+         " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
+         (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
+         std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + cuda::describe(plans.front());
+}
+
 GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const GqaConfig& config)
     : impl_(std::make_unique<Impl>()) {
   impl_->attributes = attributes;
   impl_->settings = gqa::check_attributes(attributes);
   if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
   if (config.backend == Backend::Cuda) {
-    throw Error("config.backend", "GroupQueryAttention runs on the CPU (Cpu or Reference), not on CUDA");
+    if (!cuda::available()) throw Error("config.backend", "no CUDA device is present (or this build has no CUDA backend)");
+    if (impl_->settings.qk_output != gqa::QkOutput::None) {
+      throw Error("qk_output", "output_qk is not produced by the CUDA backend (run the op on the CPU for it)");
+    }
   }
   impl_->config = config;
 }

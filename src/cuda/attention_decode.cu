@@ -1,0 +1,375 @@
+// The decode kernel: few query rows per K/V head (a decode step, grouped heads, a short chunk), a long key range,
+// K/V stored as the query's type or quantized (int8 / int4, dequantized in registers). Here the work is reading
+// the cache, so the kernel is built around streaming K and V once at full width:
+//
+//   * A block owns kRows = 4 rows ((head, query) pairs of one K/V head: the query heads of a group share every
+//     K/V load) and one key range of at most kDecodeMaxKeys keys (the split-K plan makes the ranges).
+//   * Lanes split a K/V row into chunks of 16 values (32 bytes of float16, 16 of int8, 8 of int4): a row is read
+//     by L = pow2(D / 16) consecutive lanes, so a warp reads 32 / L rows per load instruction, fully coalesced.
+//   * Pass 1: each lane group forms the dot products of its keys with the 4 query rows (Q in registers, the K
+//     scales folded into it), reduces them over its L lanes and writes the scores to shared memory.
+//   * Pass 2: one warp per row takes the max and the sum of exp over the whole range: a single max, so there is
+//     no running rescale at all.
+//   * Pass 3: each lane group accumulates p * V of its keys for its 16 columns; the groups' sums are folded in a
+//     fixed order (shuffles, then the warps through shared memory), the V scales applied at the end.
+//
+// Every sum has a fixed order: runs are bit-identical. A range longer than kDecodeMaxKeys is the plan's
+// error, never the kernel's (the plan splits long ranges).
+#include "kernel_launchers.hpp"
+
+namespace attnkit::cuda {
+namespace {
+
+constexpr int kRows = static_cast<int>(kDecodeRows);
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 16;       // values a lane reads of each K/V row
+constexpr int kUnroll = 4;       // keys a lane group has in flight
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory: scores / probabilities [kRows][kDecodeMaxKeys]; at the end the warps' partial outputs
+// [kWarps][kRows][256] reuse it.
+constexpr std::size_t kScoreFloats = static_cast<std::size_t>(kRows) * kDecodeMaxKeys;
+static_assert(kScoreFloats >= static_cast<std::size_t>(kWarps) * kRows * 256, "the fold must fit the scores");
+
+// One lane's 16 values of a stored row, as raw 16-byte words (float32 needs four, half types two, int8 one,
+// int4 half of one).
+template <class S>
+struct ChunkWords {
+  static constexpr int kBytes = static_cast<int>(sizeof(S)) * kChunk;
+  static constexpr int kWords = kBytes >= 16 ? kBytes / 16 : 1;
+  uint4 w[kWords];
+};
+struct Int4Tag {};  // the int4 storage type (two values per byte)
+template <>
+struct ChunkWords<Int4Tag> {
+  uint4 w[1];  // x, y used
+};
+
+template <class S>
+__device__ __forceinline__ void load_chunk(ChunkWords<S>& c, const S* row_chunk) {
+  const uint4* src = reinterpret_cast<const uint4*>(row_chunk);
+#pragma unroll
+  for (int i = 0; i < ChunkWords<S>::kWords; ++i) c.w[i] = __ldg(src + i);
+}
+__device__ __forceinline__ void load_chunk(ChunkWords<Int4Tag>& c, const std::uint8_t* row_chunk) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(row_chunk));
+  c.w[0].x = v.x;
+  c.w[0].y = v.y;
+}
+
+// int8 -> float without the slow integer-convert unit: a biased byte placed in the low mantissa of 2^23 is
+// 2^23 + (q + 128) exactly; one subtraction leaves q.
+__device__ __forceinline__ void widen_int8x4(std::uint32_t word, float* out) {
+  const std::uint32_t biased = word ^ 0x80808080u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u + i)) - 8388736.0f;  // 2^23 + 128
+  }
+}
+// Eight int4 values of a word (value 2i in the low nibble of byte i), stored +8: 2^23 + nibble, minus 2^23 + 8.
+__device__ __forceinline__ void widen_int4x8(std::uint32_t word, float* out) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(0x4B000000u | ((word >> (4 * i)) & 0xFu)) - 8388616.0f;
+}
+
+template <class S>
+__device__ __forceinline__ void widen_chunk(const ChunkWords<S>& c, float (&x)[kChunk]) {
+  const S* e = reinterpret_cast<const S*>(c.w);
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) x[i] = to_float(e[i]);
+}
+__device__ __forceinline__ void widen_chunk(const ChunkWords<std::int8_t>& c, float (&x)[kChunk]) {
+  widen_int8x4(c.w[0].x, x);
+  widen_int8x4(c.w[0].y, x + 4);
+  widen_int8x4(c.w[0].z, x + 8);
+  widen_int8x4(c.w[0].w, x + 12);
+}
+__device__ __forceinline__ void widen_chunk(const ChunkWords<Int4Tag>& c, float (&x)[kChunk]) {
+  widen_int4x8(c.w[0].x, x);
+  widen_int4x8(c.w[0].y, x + 8);
+}
+
+// The element pointer type of a stored row: S itself, or bytes for int4.
+template <class S>
+struct Stored {
+  using type = S;
+  static constexpr bool kQuantized = !std::is_same_v<S, float> && !std::is_same_v<S, __half> &&
+                                     !std::is_same_v<S, __nv_bfloat16>;
+  // Values -> elements of the row pointer.
+  static __device__ __forceinline__ std::int64_t elements(std::int64_t values) { return values; }
+};
+template <>
+struct Stored<Int4Tag> {
+  using type = std::uint8_t;
+  static constexpr bool kQuantized = true;
+  static __device__ __forceinline__ std::int64_t elements(std::int64_t values) { return values / 2; }
+};
+
+template <class T, class S>
+__global__ void __launch_bounds__(kThreads) attention_decode_kernel(const KernelParams p) {
+  using Elem = typename Stored<S>::type;
+  extern __shared__ float4 smem_raw[];
+  float* scores = reinterpret_cast<float*>(smem_raw);  // [kRows][kDecodeMaxKeys]
+  __shared__ int row_head[kRows], row_query[kRows], row_begin[kRows], row_end[kRows];
+  __shared__ float row_max[kRows], row_sum[kRows];
+  __shared__ int row_poison[kRows];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const std::int64_t block = p.first_block + blockIdx.x;
+  const BlockCoord c = block_coord(p, block);
+  const std::int64_t first_row = c.row_block * kRows;
+  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  const std::int64_t key_length = key_length_of(p, c.b);
+  const std::int64_t D = p.head_dim;
+
+  if (tid < kRows) {
+    int head = 0, query = 0, begin = 0, end = 0;
+    if (tid < rows) {
+      const std::int64_t pair = first_row + tid;
+      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
+      query = static_cast<int>(pair % p.q_len);
+      const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
+      begin = static_cast<int>(max64(r.begin, c.key_begin));
+      end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
+    }
+    row_head[tid] = head;
+    row_query[tid] = query;
+    row_begin[tid] = begin;
+    row_end[tid] = end;
+    row_poison[tid] = 0;
+  }
+  __syncthreads();
+  // The keys any row sees; scores outside a row's own range are -inf.
+  int lo = static_cast<int>(c.key_end), hi = static_cast<int>(c.key_begin);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r < rows && row_begin[r] < row_end[r]) {
+      lo = min(lo, row_begin[r]);
+      hi = max(hi, row_end[r]);
+    }
+  }
+  const int n = max(0, hi - lo);
+
+  // Lane geometry: L lanes per row (a power of two), `slots` rows in flight per block.
+  int lanes_per_row = 1;
+  while (lanes_per_row * kChunk < D) lanes_per_row *= 2;
+  const int part = lane % lanes_per_row;  // this lane's chunk of a row
+  const int slot = tid / lanes_per_row;
+  const int slots = kThreads / lanes_per_row;
+  const bool active = part * kChunk < D;  // D not a power of two: the last lanes of a group idle
+  const std::int64_t d0 = static_cast<std::int64_t>(part) * kChunk;
+
+  // Q rows (this lane's 16 columns), with the K scales folded in: q . (k * s) = (q * s) . k.
+  float q[kRows][kChunk];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const T* src = static_cast<const T*>(p.q) + p.lq.index(c.b, row_head[r], row_query[r]);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      float x = active && r < rows ? to_float(src[d0 + i]) : 0.0f;
+      if constexpr (Stored<S>::kQuantized) {
+        if (active) x *= core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d0 + i);
+      }
+      q[r][i] = x;
+    }
+  }
+
+  // Layouts count values; an int4 row pointer counts bytes (the plan keeps int4 offsets and strides even).
+  const Elem* k_head = static_cast<const Elem*>(p.k) + Stored<S>::elements(p.lk.index(c.b, c.kvh, 0) + d0);
+  const Elem* v_head = static_cast<const Elem*>(p.v) + Stored<S>::elements(p.lv.index(c.b, c.kvh, 0) + d0);
+  const std::int64_t k_row = Stored<S>::elements(p.lk.row_stride);
+  const std::int64_t v_row = Stored<S>::elements(p.lv.row_stride);
+  const float scale = p.transform.scale;
+  const float softcap = p.transform.softcap;
+  const float scale_over_cap = softcap > 0.0f ? scale / softcap : 0.0f;
+
+  // Pass 1: scores. The loop bounds are warp-uniform (the shuffles need every lane); key j0 + u * slots is this
+  // lane group's.
+  for (int base = 0; base < n; base += slots * kUnroll) {
+    const int j0 = base + slot;
+    ChunkWords<S> kc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * slots;
+      if (active && j < n) load_chunk(kc[u], k_head + (lo + j) * k_row);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * slots;
+      float kx[kChunk];
+      widen_chunk(kc[u], kx);
+      float dot[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) acc = fmaf(q[r][i], active ? kx[i] : 0.0f, acc);
+        dot[r] = acc;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        for (int o = 1; o < lanes_per_row; o <<= 1) dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], o);
+      if (part == 0 && j < n) {
+        const std::int64_t key = lo + j;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float s = softcap > 0.0f ? softcap * tanhf(dot[r] * scale_over_cap) : dot[r] * scale;
+          const bool seen = key >= row_begin[r] && key < row_end[r];
+          if (seen && p.has_mask) s += load_mask(p, p.lmask.index(c.b, row_head[r], row_query[r]) + key);
+          scores[r * kDecodeMaxKeys + j] = seen ? s : core::kNegInf;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Pass 2: one warp per row: max, then p = exp(s - max) in place and its sum (fixed order: lane-strided, then
+  // a butterfly).
+  if (warp < rows) {
+    float* s_row = scores + warp * kDecodeMaxKeys;
+    float m = core::kNegInf;
+    bool poison = false;
+    for (int j = lane; j < n; j += 32) {
+      poison |= !(s_row[j] < INFINITY);
+      m = fmaxf(m, s_row[j]);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float shift = core::usable_max(m) * kLog2e;
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = fast_exp2(fmaf(s_row[j], kLog2e, -shift));
+      s_row[j] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    poison = __any_sync(0xffffffffu, poison);
+    if (lane == 0) {
+      row_max[warp] = m;
+      row_sum[warp] = sum;
+      row_poison[warp] = poison ? 1 : 0;
+    }
+  }
+  __syncthreads();
+
+  // Pass 3: O = P V for this lane's 16 columns over its keys.
+  float acc[kRows][kChunk];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) acc[r][i] = 0.0f;
+  for (int base = 0; base < n; base += slots * kUnroll) {
+    const int j0 = base + slot;
+    ChunkWords<S> vc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * slots;
+      if (active && j < n) load_chunk(vc[u], v_head + (lo + j) * v_row);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * slots;
+      if (j >= n) continue;
+      float vx[kChunk];
+      widen_chunk(vc[u], vx);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pr = scores[r * kDecodeMaxKeys + j];
+        // A hidden key has p = 0 exactly; skipping it keeps 0 * inf (a non-finite V) out of the row.
+        if (pr == 0.0f) continue;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) acc[r][i] = fmaf(pr, vx[i], acc[r][i]);
+      }
+    }
+  }
+  // Fold the lane groups of a warp (butterfly over the slot bits), then the warps in order, through the
+  // scores' shared memory (every read of it is done).
+  __syncthreads();
+  float* fold = scores;  // [kWarps][kRows][256]
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      for (int o = lanes_per_row; o < 32; o <<= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], o);
+  if (lane < lanes_per_row && active) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) fold[(warp * kRows + r) * 256 + d0 + i] = acc[r][i];
+  }
+  __syncthreads();
+
+  // Finish: thread (row r, column d) sums the warps, applies the V scale, writes O or the split-K partial.
+  const std::int64_t Dv = p.v_head_dim;
+  for (int e = tid; e < kRows * 256; e += kThreads) {
+    const int r = e / 256;
+    const int d = e % 256;
+    if (r >= rows || d >= Dv) continue;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += fold[(w * kRows + r) * 256 + d];
+    if constexpr (Stored<S>::kQuantized) o *= core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, Dv, d);
+    if (p.partial != nullptr) {
+      float* part_row = p.partial + (block * kRows + r) * (3 + Dv);
+      if (d == 0) {
+        part_row[0] = row_max[r];
+        part_row[1] = row_sum[r];
+        part_row[2] = row_poison[r] ? 1.0f : 0.0f;
+      }
+      part_row[3 + d] = o;
+      continue;
+    }
+    const core::RowFinish fin = core::finish_row({row_max[r], row_sum[r], row_poison[r] != 0}, p.has_sink,
+                                                 p.has_sink ? p.sinks[row_head[r]] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row_head[r], row_query[r]);
+    out[d] = from_float<T>(finished_value(fin, o));
+    if (p.return_lse && d == 0) p.lse[p.llse.index(c.b, row_head[r], row_query[r])] = fin.lse;
+  }
+}
+
+template <class T, class S>
+void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+  allow_max_dynamic_smem<attention_decode_kernel<T, S>>();
+  attention_decode_kernel<T, S><<<static_cast<unsigned>(blocks), kThreads, decode_smem_bytes(), stream>>>(p);
+}
+
+template <class T>
+void launch_for_storage(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+  switch (p.k_type) {
+    case KvType::Float: launch_typed<T, T>(p, blocks, stream); break;
+    case KvType::Int8: launch_typed<T, std::int8_t>(p, blocks, stream); break;
+    case KvType::Int4: launch_typed<T, Int4Tag>(p, blocks, stream); break;
+  }
+}
+
+}  // namespace
+
+std::size_t decode_smem_bytes() { return kScoreFloats * sizeof(float); }
+
+bool decode_supports(std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
+  return head_dim == v_head_dim && head_dim % kChunk == 0 && head_dim <= 256 && k_type == v_type;
+}
+
+std::int64_t decode_value_alignment(KvType type, DType dtype) {
+  // A lane's chunk must start on its load width: 16 bytes (float types, int8) or 8 bytes (int4).
+  switch (type) {
+    case KvType::Int8: return 16;
+    case KvType::Int4: return 16;  // 8 bytes = 16 values
+    case KvType::Float: break;
+  }
+  return 16 / static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: launch_for_storage<float>(p, blocks, stream); break;
+    case DType::f16: launch_for_storage<__half>(p, blocks, stream); break;
+    case DType::bf16: launch_for_storage<__nv_bfloat16>(p, blocks, stream); break;
+  }
+}
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,301 @@
+// The GQA op's kernels besides attention (gqa_device.hpp): the cache moves and the fused pre-pass. They compute
+// what the CPU units compute (qk_norm.cpp, rotary.cpp, kv_cache.cpp) with the same operations in the same
+// precision: the RMS norm in float64, rotary products without contraction into FMAs, quantization as
+// rint(x * (1 / scale)), so a GPU cache holds the bits a CPU cache holds.
+#include "gqa_device.hpp"
+
+#include "../core/kv_quant.hpp"
+#include "kernel_params.cuh"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace attnkit::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxHead = 256;
+constexpr int kPerLane = kMaxHead / 32;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw RuntimeError(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+// ---- cache moves ----
+
+// Copies `bytes` from src to dst, 16 bytes at a time when both ends allow it. With `distance` > 0 the ranges
+// may overlap (dst = src - distance): each pass reads at most `distance` bytes before any thread writes them.
+__device__ void block_copy(std::byte* dst, const std::byte* src, std::int64_t bytes, std::int64_t distance) {
+  const bool wide = (reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | bytes) % 16 == 0;
+  const std::int64_t unit = wide ? 16 : 1;
+  std::int64_t pass = unit * kThreads;
+  if (distance > 0) pass = min64(pass, distance / unit * unit);
+  if (pass <= 0) pass = unit;  // distance < 16 with wide copies cannot happen: rows are whole
+  for (std::int64_t at = 0; at < bytes; at += pass) {
+    const std::int64_t mine = at + threadIdx.x * unit;
+    const bool in = threadIdx.x * unit < pass && mine < bytes;
+    uint4 w{};
+    std::byte b{};
+    if (in) {
+      if (wide) w = *reinterpret_cast<const uint4*>(src + mine);
+      else b = src[mine];
+    }
+    if (distance > 0) __syncthreads();
+    if (in) {
+      if (wide) *reinterpret_cast<uint4*>(dst + mine) = w;
+      else dst[mine] = b;
+    }
+    if (distance > 0) __syncthreads();
+  }
+}
+
+__device__ void block_fill(std::byte* dst, std::int64_t bytes, unsigned char value) {
+  for (std::int64_t i = threadIdx.x; i < bytes; i += kThreads) dst[i] = std::byte{value};
+}
+
+// blockIdx.x: (b, kv head); blockIdx.y: 0 key, 1 value.
+__global__ void __launch_bounds__(kThreads) cache_move_kernel(const CacheMove m) {
+  const std::int64_t bh = blockIdx.x;
+  const std::int64_t b = bh / m.kv_heads;
+  const bool is_key = blockIdx.y == 0;
+  const DeviceCache& cache = is_key ? m.key : m.value;
+  const std::byte* past = is_key ? m.past_key : m.past_value;
+  const DeviceBatchRows r = m.rows[b];
+  const std::int64_t rb = cache.row_bytes;
+  std::byte* head = cache.data + bh * cache.capacity * rb;
+  const std::int64_t kept = r.past_rows - r.drop;
+  if (m.separate) {
+    if (kept > 0 && past != nullptr) block_copy(head, past + (bh * m.past_capacity + r.drop) * rb, kept * rb, 0);
+    const std::int64_t end = r.write_row + m.new_rows;
+    block_fill(head + end * rb, (cache.capacity - end) * rb, cache.type == KvType::Int4 ? core::kInt4ZeroByte : 0);
+  } else if (r.drop > 0 && kept > 0) {  // a full window cache: slide the kept rows to the front
+    block_copy(head, head + r.drop * rb, kept * rb, r.drop * rb);
+  }
+}
+
+// ---- the pre-pass ----
+
+template <class T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+__device__ __forceinline__ int quantize(float x, float inv_scale, int lo, int hi) {
+  const float q = rintf(__fmul_rn(x, inv_scale));
+  if (!(q == q)) return 0;
+  return static_cast<int>(fminf(fmaxf(q, static_cast<float>(lo)), static_cast<float>(hi)));
+}
+
+// Stores a head row (x in shared memory, H values) into a cache row: rounded to T, or quantized.
+template <class T>
+__device__ void store_cache_row(const float* x, std::int64_t H, const DeviceCache& cache, std::int64_t kv_head,
+                                std::byte* dst, int lane) {
+  const bool per_channel = cache.quant == KvQuant::PerChannel;
+  auto inverse = [&](std::int64_t d) {
+    return core::inverse_scale(per_channel ? cache.scales[kv_head * H + d] : cache.scales[0]);
+  };
+  switch (cache.type) {
+    case KvType::Float:
+      for (std::int64_t d = lane; d < H; d += 32) reinterpret_cast<T*>(dst)[d] = from_float<T>(x[d]);
+      return;
+    case KvType::Int8:
+      for (std::int64_t d = lane; d < H; d += 32) {
+        reinterpret_cast<std::int8_t*>(dst)[d] =
+            static_cast<std::int8_t>(quantize(x[d], inverse(d), core::kInt8Min, core::kInt8Max));
+      }
+      return;
+    case KvType::Int4:
+      for (std::int64_t j = lane; 2 * j < H; j += 32) {
+        const int even = quantize(x[2 * j], inverse(2 * j), core::kInt4Min, core::kInt4Max);
+        const int odd = 2 * j + 1 < H ? quantize(x[2 * j + 1], inverse(2 * j + 1), core::kInt4Min, core::kInt4Max) : 0;
+        reinterpret_cast<std::uint8_t*>(dst)[j] = core::int4_pack(even, odd);
+      }
+      return;
+  }
+}
+
+// blockIdx.x: a token (b, s). Its rows: Q heads (when q_out), then K heads, then V heads, a warp each.
+template <class T>
+__global__ void __launch_bounds__(kThreads) append_kernel(const AppendStep st) {
+  __shared__ float row_smem[kWarps][kMaxHead];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t b = blockIdx.x / st.seq;
+  const std::int64_t s = blockIdx.x % st.seq;
+  const std::int64_t H = st.head_size;
+  const DeviceBatchRows br = st.rows[b];
+  const std::int64_t q_rows = st.q_out != nullptr ? st.heads : 0;
+  const std::int64_t rows = q_rows + 2 * st.kv_heads;
+  float* x = row_smem[warp];
+
+  for (std::int64_t r = warp; r < rows; r += kWarps) {
+    const bool is_q = r < q_rows;
+    const bool is_k = !is_q && r < q_rows + st.kv_heads;
+    const std::int64_t h = is_q ? r : (is_k ? r - q_rows : r - q_rows - st.kv_heads);
+    const T* src = static_cast<const T*>(is_q ? st.query : is_k ? st.key : st.value) +
+                   (is_q ? st.q_in : is_k ? st.k_in : st.v_in).index(b, h, s);
+    float v[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      v[i] = d < H ? to_float(src[d]) : 0.0f;
+    }
+    const bool prepare = is_q || is_k;
+    if (prepare && st.qk_norm) {
+      // x * rsqrt(mean(x^2) + eps) * w, in float64 like the CPU unit.
+      double squares = 0.0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) squares += static_cast<double>(v[i]) * v[i];
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
+      const double inv_rms = 1.0 / sqrt(squares / static_cast<double>(H) + static_cast<double>(st.norm_epsilon));
+      const T* w = static_cast<const T*>(is_q ? st.q_norm_weight : st.k_norm_weight);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const std::int64_t d = lane + 32 * i;
+        if (d < H) v[i] = static_cast<float>(__dmul_rn(__dmul_rn(v[i], inv_rms), to_float(w[d])));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const std::int64_t d = lane + 32 * i;
+      if (d < H) x[d] = v[i];
+    }
+    __syncwarp();
+    if (prepare && st.rotary) {
+      const std::int64_t position =
+          st.position_ids != nullptr ? st.position_ids[b * st.position_row + s] : br.past + s;
+      const T* cos_row = static_cast<const T*>(st.cos_cache) + position * st.rotary_half;
+      const T* sin_row = static_cast<const T*>(st.sin_cache) + position * st.rotary_half;
+      // (a, b) -> (a cos - b sin, b cos + a sin) for each pair; every lane computes its pairs into registers
+      // first, then writes, so no lane reads a rotated value.
+      float out_a[kPerLane], out_b[kPerLane];
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const std::int64_t i = lane + 32 * k;
+        if (i >= st.rotary_half) continue;
+        const std::int64_t ia = st.interleaved ? 2 * i : i;
+        const std::int64_t ib = st.interleaved ? 2 * i + 1 : i + st.rotary_half;
+        const float c = to_float(cos_row[i]), sn = to_float(sin_row[i]);
+        const float a = x[ia], bb = x[ib];
+        out_a[k] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn));
+        out_b[k] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, sn));
+      }
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const std::int64_t i = lane + 32 * k;
+        if (i >= st.rotary_half) continue;
+        x[st.interleaved ? 2 * i : i] = out_a[k];
+        x[st.interleaved ? 2 * i + 1 : i + st.rotary_half] = out_b[k];
+      }
+      __syncwarp();
+    }
+    // Q' and the new K rows are tensors of the query's type (what a quantized cache quantizes).
+    if (prepare) {
+      for (std::int64_t d = lane; d < H; d += 32) x[d] = round_to<T>(x[d]);
+      __syncwarp();
+    }
+    if (is_q) {
+      T* dst = static_cast<T*>(st.q_out) + ((b * st.seq + s) * st.heads + h) * H;
+      for (std::int64_t d = lane; d < H; d += 32) dst[d] = from_float<T>(x[d]);
+    } else {
+      const DeviceCache& cache = is_k ? st.key_cache : st.value_cache;
+      std::byte* dst = cache.data + ((b * st.kv_heads + h) * cache.capacity + br.write_row + s) * cache.row_bytes;
+      store_cache_row<T>(x, H, cache, h, dst, lane);
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+void launch_cache_move(const CacheMove& m, void* stream) {
+  if (m.batch * m.kv_heads == 0) return;
+  const dim3 grid(static_cast<unsigned>(m.batch * m.kv_heads), 2);
+  cache_move_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(m);
+  check(cudaGetLastError(), "the cache move launch");
+}
+
+void launch_append(const AppendStep& s, void* stream) {
+  if (s.batch * s.seq == 0) return;
+  const auto grid = static_cast<unsigned>(s.batch * s.seq);
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (s.dtype) {
+    case DType::f32: append_kernel<float><<<grid, kThreads, 0, st>>>(s); break;
+    case DType::f16: append_kernel<__half><<<grid, kThreads, 0, st>>>(s); break;
+    case DType::bf16: append_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>(s); break;
+  }
+  check(cudaGetLastError(), "the GQA pre-pass launch");
+}
+
+// ---- memory ----
+
+struct DeviceWorkspace::State {
+  void* device = nullptr;
+  std::size_t device_bytes = 0;
+  void* host = nullptr;
+  std::size_t host_bytes = 0;
+  cudaEvent_t uploaded = nullptr;  // recorded after the last upload from `host`
+  bool pending = false;
+};
+
+DeviceWorkspace::DeviceWorkspace() : state_(std::make_unique<State>()) {}
+
+DeviceWorkspace::~DeviceWorkspace() {
+  if (state_->uploaded != nullptr) {
+    cudaEventSynchronize(state_->uploaded);
+    cudaEventDestroy(state_->uploaded);
+  }
+  if (state_->host != nullptr) cudaFreeHost(state_->host);
+  // Kernels of the last call may still read this memory: cudaFree waits for the device.
+  if (state_->device != nullptr) cudaFree(state_->device);
+}
+
+std::byte* DeviceWorkspace::device(std::size_t bytes) {
+  if (bytes > state_->device_bytes) {
+    if (state_->device != nullptr) {
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the last call's kernels may use it
+      check(cudaFree(state_->device), "cudaFree");
+      state_->device = nullptr;
+      state_->device_bytes = 0;
+    }
+    check(cudaMalloc(&state_->device, bytes), "cudaMalloc");
+    state_->device_bytes = bytes;
+  }
+  return static_cast<std::byte*>(state_->device);
+}
+
+std::byte* DeviceWorkspace::stage(std::size_t bytes) {
+  if (state_->pending) {
+    check(cudaEventSynchronize(state_->uploaded), "cudaEventSynchronize");
+    state_->pending = false;
+  }
+  if (bytes > state_->host_bytes) {
+    if (state_->host != nullptr) check(cudaFreeHost(state_->host), "cudaFreeHost");
+    state_->host = nullptr;
+    check(cudaMallocHost(&state_->host, bytes), "cudaMallocHost");
+    state_->host_bytes = bytes;
+  }
+  return static_cast<std::byte*>(state_->host);
+}
+
+void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  auto st = static_cast<cudaStream_t>(stream);
+  if (state_->uploaded == nullptr) {
+    check(cudaEventCreateWithFlags(&state_->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaMemcpyAsync(device_dst, state_->host, bytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  check(cudaEventRecord(state_->uploaded, st), "cudaEventRecord");
+  state_->pending = true;
+}
+
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+
+}  // namespace attnkit::cuda

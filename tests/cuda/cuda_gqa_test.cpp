@@ -1,0 +1,358 @@
+// GroupQueryAttention on the CUDA backend against the float64 reference of gqa_support.hpp (written from the
+// contract), with the CPU tests' checks: output, both present caches (every row), over a seeded sweep of steps,
+// cache modes, options, element types and quantized caches; then decode loops, long caches (split-K), bits
+// that do not change between runs, and bad input that writes nothing. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "../gqa_checks.hpp"
+
+namespace attnkit::test {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+// Device copies of a call's buffers; views re-pointed at them. The small inputs the op may read on the host
+// (seqlens_k, total_sequence_length, position_ids, head_sink, scales) stay on the host unless asked.
+struct DeviceCall {
+  GqaCall& c;
+  std::map<const void*, void*> device;  // host buffer -> device copy
+  std::vector<void*> owned;
+  bool small_on_device = false;
+
+  explicit DeviceCall(GqaCall& call, bool small_inputs_on_device = false)
+      : c(call), small_on_device(small_inputs_on_device) {
+    auto add = [&](const void* host, std::size_t bytes) {
+      if (host == nullptr || bytes == 0 || device.count(host)) return;
+      void* d = nullptr;
+      EXPECT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      device[host] = d;
+      owned.push_back(d);
+    };
+    for (auto* v : {&c.query, &c.key, &c.value, &c.past_key, &c.past_value, &c.cos, &c.sin, &c.bias, &c.sink,
+                    &c.q_norm, &c.k_norm, &c.output, &c.present_key, &c.present_value, &c.output_qk}) {
+      add(v->data(), v->size());
+    }
+    if (small_on_device) {
+      add(c.seqlens.data(), c.seqlens.size() * sizeof(std::int32_t));
+      add(&c.total, sizeof(c.total));
+      add(c.positions.data(), c.positions.size() * sizeof(std::int64_t));
+      add(c.k_scale.data(), c.k_scale.size() * sizeof(float));
+      add(c.v_scale.data(), c.v_scale.size() * sizeof(float));
+    }
+  }
+  ~DeviceCall() {
+    for (void* d : owned) cudaFree(d);
+  }
+  void* on_device(const void* host) const {
+    auto it = device.find(host);
+    return it == device.end() ? const_cast<void*>(host) : it->second;
+  }
+  GqaInputs inputs() const {
+    GqaInputs in = c.inputs();
+    for (int i = 0; i < GqaInputs::kCount; ++i) in.input(i).data = on_device(in.input(i).data);
+    return in;
+  }
+  GqaOutputs outputs() const {
+    GqaOutputs out = c.outputs();
+    for (MutableTensorView* t : {&out.output, &out.present_key, &out.present_value, &out.output_qk}) {
+      t->data = on_device(t->data);
+    }
+    return out;
+  }
+  // Copies the outputs and caches back into the call's host buffers.
+  void fetch() {
+    check(cudaDeviceSynchronize());
+    for (auto* v : {&c.output, &c.present_key, &c.present_value}) {
+      if (!v->empty()) check(cudaMemcpy(v->data(), on_device(v->data()), v->size(), cudaMemcpyDeviceToHost));
+    }
+  }
+};
+
+GqaConfig cuda_config() { return GqaConfig{Backend::Cuda, 0, nullptr}; }
+
+std::string describe(const GqaOptions& o) {
+  std::string s = dtype_str(o.dtype) + " B=" + std::to_string(o.batch) + " S=" + std::to_string(o.seq) +
+                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) +
+                  " H=" + std::to_string(o.head_size) + " lengths=";
+  for (auto l : o.lengths) s += std::to_string(l) + ",";
+  s += std::string(o.has_past ? (o.shared ? " shared" : " separate") : " no-past") + (o.packed ? " packed" : "") +
+       (o.rotary ? (o.interleaved ? " rotary-interleaved" : " rotary") : "") + (o.norm ? " norm" : "") +
+       (o.position_ids ? " ids" : "") + (o.bias ? " bias" : "") + (o.head_sink ? " sink" : "") +
+       (o.smooth_softmax == 1 ? " smooth" : "") + " window=" + std::to_string(o.window) +
+       " causal=" + std::to_string(o.causal) + " softcap=" + std::to_string(o.softcap) + " K " + o.k_quant + " V " +
+       o.v_quant + " bits=" + std::to_string(o.bits) + (o.sliding ? " sliding" : "");
+  return s;
+}
+
+// Runs one call on the GPU and checks everything it wrote against the reference. Returns false (and checks
+// nothing) when the CPU op refuses the options: the sweep's generator may draw a combination the contract
+// forbids.
+bool check_on_gpu(const GqaOptions& o, bool small_on_device = false) {
+  SCOPED_TRACE(describe(o));
+  {
+    GqaCall probe = make_call(o);
+    try {
+      GroupQueryAttention(probe.attrs).run(probe.inputs(), probe.outputs());
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  GqaCall c = make_call(o);
+  DeviceCall d(c, small_on_device);
+  GroupQueryAttention op(c.attrs, cuda_config());
+  EXPECT_NO_THROW(op.run(d.inputs(), d.outputs())) << describe(o);
+  d.fetch();
+  const GqaExpected e = gqa_reference(c, c.present_key, c.present_value);
+  EXPECT_LE(scaled_error(e.output, c.output, o.dtype), testing::tolerance(o.dtype)) << op.describe();
+  check_cache(c, e.present_k, c.present_key, c.k_quantized(), true, "present_key");
+  check_cache(c, e.present_v, c.present_value, c.v_quantized(), false, "present_value");
+  return true;
+}
+
+// A seeded draw over everything the op does.
+GqaOptions draw(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](auto... v) {
+    const std::vector<std::common_type_t<decltype(v)...>> all{v...};
+    return all[rng() % all.size()];
+  };
+  auto chance = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+  GqaOptions o;
+  o.seed = seed;
+  o.dtype = pick(DType::f32, DType::f16, DType::bf16);
+  const auto heads = pick(std::pair{4, 2}, std::pair{6, 3}, std::pair{8, 8}, std::pair{8, 1}, std::pair{32, 8});
+  o.heads = heads.first, o.kv_heads = heads.second;
+  o.head_size = pick(16, 32, 64, 80, 128, 256, 40);
+  o.batch = pick(1, 2, 3);
+  const int step = static_cast<int>(rng() % 3);  // first prompt, decode, chunk
+  o.seq = step == 0 ? pick(1, 5, 17, 70) : step == 1 ? 1 : pick(2, 9);
+  o.lengths.clear();
+  for (std::int64_t b = 0; b < o.batch; ++b) {
+    if (step == 0) {
+      o.lengths.push_back(static_cast<std::int32_t>(b == 0 ? o.seq : 1 + rng() % o.seq));
+    } else {
+      o.lengths.push_back(static_cast<std::int32_t>(o.seq + rng() % pick(40, 300, 2500)));
+    }
+  }
+  o.has_past = step != 0;
+  o.shared = o.has_past && chance(60);
+  if (o.has_past && !o.shared && chance(50)) {
+    o.past_rows = *std::max_element(o.lengths.begin(), o.lengths.end()) - o.seq + static_cast<std::int64_t>(rng() % 5);
+  }
+  if (chance(30)) o.present_rows = *std::max_element(o.lengths.begin(), o.lengths.end()) + 7;
+  o.packed = chance(20);
+  o.rotary = chance(50);
+  o.interleaved = o.rotary && chance(50);
+  if (o.rotary && chance(30)) o.rotary_half = o.head_size / 4;
+  o.position_ids = o.rotary && chance(25);
+  if (o.position_ids) o.max_len = *std::max_element(o.lengths.begin(), o.lengths.end()) + 16;
+  o.norm = chance(20);
+  o.bias = chance(20);
+  if (o.bias && chance(50)) o.bias_batch = 1;
+  if (o.bias && chance(50)) o.bias_heads = 1;
+  o.head_sink = chance(15);
+  if (!o.head_sink && chance(15)) o.smooth_softmax = 1;
+  if (chance(15)) o.softcap = 5.0f;
+  if (chance(20)) o.window = pick(1, 8, 100);
+  if (step == 0 && o.window < 0 && chance(10)) o.causal = 0;
+  if (chance(35)) {
+    o.bits = pick(8, 4);
+    o.k_quant = pick(std::string("PER_TENSOR"), std::string("PER_CHANNEL"));
+    o.v_quant = chance(20) ? std::string("NONE") : pick(std::string("PER_TENSOR"), std::string("PER_CHANNEL"));
+  }
+  return o;
+}
+
+TEST(CudaGqa, SeededSweepMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  int ran = 0;
+  for (std::uint64_t seed = 1; seed <= 160; ++seed) {
+    if (check_on_gpu(draw(seed))) ++ran;
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GE(ran, 120) << "the generator drew too many combinations the contract forbids";
+}
+
+TEST(CudaGqa, EveryQuantizedModeAndStep) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    for (std::int64_t bits : {8, 4}) {
+      for (const char* kq : {"PER_TENSOR", "PER_CHANNEL"}) {
+        for (int step = 0; step < 3; ++step) {
+          GqaOptions o;
+          o.dtype = t;
+          o.bits = bits;
+          o.k_quant = kq;
+          o.v_quant = std::string(kq) == "PER_TENSOR" ? "PER_CHANNEL" : "PER_TENSOR";
+          o.batch = 2, o.heads = 8, o.kv_heads = 2, o.head_size = 64;
+          o.rotary = step != 1;
+          if (step == 0) o.seq = 6, o.lengths = {6, 3}, o.has_past = false;
+          if (step == 1) o.seq = 1, o.lengths = {3000, 20}, o.shared = true, o.present_rows = 3100;
+          if (step == 2) o.seq = 3, o.lengths = {120, 5}, o.shared = false, o.past_rows = 118, o.present_rows = 130;
+          o.seed = static_cast<std::uint64_t>(step * 10 + bits);
+          EXPECT_TRUE(check_on_gpu(o));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaGqa, SlidingWindowCacheAndOddHeadSizes) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::f32, DType::f16}) {
+    for (bool shared : {true, false}) {
+      for (bool bias : {false, true}) {
+        GqaOptions o;
+        o.dtype = t;
+        o.sliding = true;
+        o.window = 4;
+        o.batch = 3, o.heads = 4, o.kv_heads = 2, o.head_size = 16;
+        o.present_rows = o.past_rows = 6;
+        o.shared = shared;
+        o.bias = bias;
+        o.rotary = true;
+        o.seq = 1, o.lengths = {30, 7, 3}, o.total = 30;
+        EXPECT_TRUE(check_on_gpu(o));
+        o.seq = 3, o.lengths = {40, 9, 4}, o.total = 40;
+        EXPECT_TRUE(check_on_gpu(o));
+      }
+    }
+  }
+  GqaOptions o;  // int4 rows with a pad nibble, K quantized only; then V only
+  o.k_quant = "PER_CHANNEL";
+  o.bits = 4;
+  o.batch = 2, o.seq = 1, o.heads = 3, o.kv_heads = 1, o.head_size = 15;
+  o.lengths = {9, 4};
+  o.shared = true;
+  o.present_rows = 12;
+  EXPECT_TRUE(check_on_gpu(o));
+  o.k_quant = "NONE", o.v_quant = "PER_TENSOR", o.bits = 8, o.shared = false, o.past_rows = 10;
+  EXPECT_TRUE(check_on_gpu(o));
+}
+
+TEST(CudaGqa, SmallInputsOnTheDeviceGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  GqaOptions o;
+  o.dtype = DType::f16;
+  o.batch = 3, o.seq = 1, o.heads = 8, o.kv_heads = 2, o.head_size = 128;
+  o.lengths = {700, 33, 5000};
+  o.shared = true;
+  o.rotary = true;
+  o.position_ids = true;
+  o.max_len = 6000;
+  o.k_quant = o.v_quant = "PER_CHANNEL";
+  std::vector<std::byte> first;
+  for (bool on_device : {false, true}) {
+    GqaCall c = make_call(o);
+    DeviceCall d(c, on_device);
+    GroupQueryAttention op(c.attrs, cuda_config());
+    ASSERT_NO_THROW(op.run(d.inputs(), d.outputs()));
+    d.fetch();
+    if (!on_device) first = c.output;
+    else EXPECT_EQ(first, c.output);
+  }
+}
+
+TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const char* quant : {"NONE", "PER_CHANNEL"}) {
+    GqaOptions o;
+    o.dtype = DType::bf16;
+    o.batch = 2, o.seq = 1, o.heads = 32, o.kv_heads = 8, o.head_size = 128;
+    o.lengths = {4100, 2500};
+    o.shared = true;
+    o.rotary = true;
+    o.k_quant = o.v_quant = quant;
+    o.bits = 8;
+    o.present_rows = 4110;  // room for the steps
+    GqaCall cpu = make_call(o);
+    GqaCall gpu = make_call(o);
+    DeviceCall d(gpu);
+    GroupQueryAttention cpu_op(cpu.attrs), gpu_op(gpu.attrs, cuda_config());
+    std::vector<std::byte> previous;
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step) + " " + quant);
+      cpu_op.run(cpu.inputs(), cpu.outputs());
+      gpu_op.run(d.inputs(), d.outputs());
+      d.fetch();
+      double diff = 0, top = 0;
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(cpu.output.size() / cpu.es()); ++i) {
+        diff = std::max(diff, std::abs(static_cast<double>(cpu.at(cpu.output, i)) - gpu.at(gpu.output, i)));
+        top = std::max(top, std::abs(static_cast<double>(cpu.at(cpu.output, i))));
+      }
+      EXPECT_LE(diff / top, 2 * testing::tolerance(o.dtype)) << gpu_op.describe();
+      // The same step again on the same cache rows gives the same bits (the append rewrites the same row).
+      gpu_op.run(d.inputs(), d.outputs());
+      std::vector<std::byte> again = gpu.output;
+      d.fetch();
+      EXPECT_EQ(again, gpu.output);
+      // Next step: one more token each, new inputs.
+      for (auto& l : cpu.seqlens) ++l;
+      for (auto& l : gpu.seqlens) ++l;
+      ++cpu.total;
+      ++gpu.total;
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST(CudaGqa, BadInputWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  GqaOptions o;
+  o.dtype = DType::f16;
+  o.batch = 2, o.seq = 1, o.heads = 8, o.kv_heads = 2, o.head_size = 64;
+  o.lengths = {40, 7};
+  o.shared = true;
+  o.present_rows = 48;
+  GqaCall c = make_call(o);
+  DeviceCall d(c);
+  const std::vector<std::byte> output = c.output, key = c.present_key, value = c.present_value;
+  GroupQueryAttention op(c.attrs, cuda_config());
+  auto expect_unchanged = [&](const char* what) {
+    d.fetch();
+    EXPECT_EQ(c.output, output) << what;
+    EXPECT_EQ(c.present_key, key) << what;
+    EXPECT_EQ(c.present_value, value) << what;
+  };
+  c.seqlens[1] = 60;  // beyond the cache's 48 rows
+  try {
+    op.run(d.inputs(), d.outputs());
+    ADD_FAILURE() << "seqlens_k beyond the capacity was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("seqlens_k[1]"), std::string::npos) << e.what();
+  }
+  expect_unchanged("seqlens_k");
+  c.seqlens[1] = 6;
+  // A host buffer where device memory is required.
+  GqaInputs in = d.inputs();
+  in.query.data = c.query.data();
+  try {
+    op.run(in, d.outputs());
+    ADD_FAILURE() << "a host query was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("query"), std::string::npos) << e.what();
+  }
+  expect_unchanged("host query");
+  // output_qk is refused up front.
+  GqaAttributes a = c.attrs;
+  a.qk_output = 1;
+  EXPECT_THROW(GroupQueryAttention(a, cuda_config()), Error);
+  // Device memory on the CPU backend.
+  EXPECT_THROW(GroupQueryAttention(c.attrs).run(d.inputs(), d.outputs()), Error);
+  expect_unchanged("device memory on the CPU");
+}
+
+}  // namespace
+}  // namespace attnkit::test

@@ -1,0 +1,43 @@
+// Checks the GQA tests share (CPU and GPU): a present cache against the float64 reference's expectation.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "gqa_support.hpp"
+
+namespace attnkit::test {
+
+// Compares a present cache with the reference's expectation: exact where no arithmetic made it (copies,
+// zeros, untouched rows, V rows, and K rows without norm or rotary); a float K' row within one rounding of the
+// type (the op computes norm and rotary in float32, the reference in float64, both then round to the type);
+// a quantized value within one step of the reference's integer, and rarely so (a float32 x * (1 / scale)
+// that lands on the other side of a .5 boundary than the float64 x / scale: the quantizer itself is checked
+// exactly in gqa_units_test).
+inline void check_cache(const GqaCall& c, const std::vector<double>& expected, const std::vector<std::byte>& got,
+                 bool quantized, bool is_key, const char* name) {
+  const bool transformed = is_key && (c.o.rotary || c.o.norm);
+  std::int64_t off_by_one = 0, values = 0;
+  const std::int64_t rows = c.o.batch * c.o.kv_heads * c.C;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    for (std::int64_t d = 0; d < c.H; ++d, ++values) {
+      const double want = expected[static_cast<std::size_t>(row * c.H + d)];
+      if (quantized) {
+        const int q = ref_quantized_at(got, c.o.bits, c.row_bytes(true), row, d);
+        if (q == want) continue;
+        ASSERT_LE(std::abs(q - want), 1) << name << " row " << row << " d " << d << ": " << q << " vs " << want;
+        ++off_by_one;
+        continue;
+      }
+      const double x = c.at(got, row * c.H + d);
+      if (!transformed) {
+        ASSERT_EQ(x, want) << name << " row " << row << " d " << d;
+      } else {
+        ASSERT_NEAR(x, want, testing::tolerance(c.o.dtype) * (std::abs(want) + 1.0))
+            << name << " row " << row << " d " << d;
+      }
+    }
+  }
+  EXPECT_LE(off_by_one, values / 1000) << name << ": " << off_by_one << " of " << values << " values one step off";
+}
+
+}  // namespace attnkit::test
