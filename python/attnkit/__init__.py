@@ -6,7 +6,7 @@ innermost dimension is contiguous). See ``help(attnkit.attention)``.
 
 ``attnkit.group_query_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, ...)``
 is ONNX Runtime's ``com.microsoft.GroupQueryAttention`` operator (inputs, attributes and outputs by its names) on
-host arrays. See ``help(attnkit.group_query_attention)``.
+host arrays (the CPU backend) or CUDA arrays (the CUDA backend). See ``help(attnkit.group_query_attention)``.
 """
 
 from __future__ import annotations
@@ -279,13 +279,24 @@ def _total_sequence_length(value: Any) -> Any:
 
 
 def _gqa_allocator(query: Any):
-    """``alloc(shape, dtype_name)`` for the outputs not passed in: torch tensors for torch input, else NumPy."""
+    """``alloc(shape, dtype_name)`` for the outputs not passed in, on query's device: torch tensors for torch input
+    (CPU or CUDA), CuPy arrays for CuPy input, NumPy arrays for host input of any other kind."""
 
     def alloc(shape: Tuple[int, ...], dtype_name: str):
         if _is_torch_tensor(query):
             import torch
 
             return torch.empty(shape, dtype=getattr(torch, dtype_name), device=query.device)
+        if _on_cuda(query):
+            if type(query).__module__.startswith("cupy") and dtype_name != "bfloat16":  # CuPy has no bfloat16
+                import cupy
+
+                with cupy.cuda.Device(_dlpack_device(query)[1]):
+                    return cupy.empty(shape, dtype=dtype_name)
+            raise TypeError(f"output: cannot allocate a {dtype_name} {shape} CUDA array for a query of type "
+                            f"{type(query).__module__}.{type(query).__qualname__}: pass output=, present_key= and "
+                            "present_value= (outputs are allocated for torch tensors, and CuPy arrays other than "
+                            "bfloat16)")
         import numpy as np
 
         if dtype_name == "bfloat16":
@@ -336,12 +347,21 @@ def group_query_attention(
     output_qk: Any = None,
     threads: Optional[int] = None,
 ) -> Tuple[Any, ...]:
-    """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (its newest schema) on the CPU.
+    """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` (its newest schema) on the CPU or on CUDA.
 
     Inputs, attributes and outputs have ONNX Runtime's names, order, shapes and defaults (B batch, S new tokens,
     N = num_heads, Nkv = kv_num_heads, H head size, T total_sequence_length, C cache rows). Arrays are taken as
-    they are (DLPack or the buffer protocol: NumPy, PyTorch CPU tensors, ...), never copied: they must be host
-    arrays, C-contiguous, of the types below. Absent optional inputs are None.
+    they are (DLPack or the buffer protocol: NumPy, PyTorch, CuPy, ...), never copied: they must be C-contiguous,
+    of the types below. Absent optional inputs are None.
+
+    The query's device picks the backend. A host query (NumPy, a CPU tensor) runs on the CPU, and every array
+    must then be host memory. A CUDA query (a PyTorch or CuPy CUDA tensor) runs on the CUDA backend, on the
+    caller's current stream (PyTorch's or CuPy's, else the default stream): every array must then be on query's
+    device, except seqlens_k, total_sequence_length, position_ids, head_sink, k_scale and v_scale, which may also
+    be host arrays. The op reads their values on the host (its checks and plan) before it writes anything, so
+    device copies of them are read back (a synchronisation); pass them on the host (NumPy, a CPU tensor, a Python
+    int) and a decode step queues its kernels without waiting. On CUDA, qk_output != 0 is refused (ValueError) for now. A CUDA query raises
+    ValueError when this build has no CUDA backend or it finds no device (``available_backends()``).
 
     Args:
         query: ``(B, S, N*H)``; or packed QKV ``(B, S, (N + 2*Nkv)*H)``, each token ``[Q | K | V]``, when key
@@ -383,8 +403,9 @@ def group_query_attention(
             buffer of C >= every total length rows) to append in place; pass other writable arrays to have the
             past copied into them; or leave them None to get new ones (ONNX Runtime's shape: past's rows, or
             ``max(T, P)``).
-        output, output_qk: optional destinations (default: new arrays).
-        threads: CPU threads (default: all cores); the result does not depend on it.
+        output, output_qk: optional destinations (default: new arrays of query's kind on query's device; for
+            CUDA arrays of other frameworks than PyTorch and CuPy, pass every output).
+        threads: CPU threads (default: all cores); the result does not depend on it. Ignored on CUDA.
 
     Returns:
         ``(output, present_key, present_value)``, plus ``output_qk`` when qk_output != 0. A present cache passed
@@ -392,9 +413,9 @@ def group_query_attention(
 
     Raises:
         TypeError: an argument is not an array or has a type the op does not take.
-        ValueError: a shape, length, attribute or buffer breaks a rule; the message names the input and the rule
-            (``"seqlens_k[1]: = 900 exceeds the cache capacity 512 ..."``). Nothing is written: the outputs and
-            caches passed in are unchanged.
+        ValueError: a shape, length, attribute, buffer or device breaks a rule; the message names the input and
+            the rule (``"seqlens_k[1]: = 900 exceeds the cache capacity 512 ..."``, ``"past_key: lives on cpu but
+            query is on cuda:0; ..."``). Nothing is written: the outputs and caches passed in are unchanged.
     """
     if seqlens_k is None:
         raise TypeError("seqlens_k: is required (int32 (batch,): each sequence's total length minus one)")
@@ -424,6 +445,7 @@ def group_query_attention(
         present_value,
         output_qk,
         _optional_int("threads", threads),
+        _current_stream(query),
         _gqa_allocator(query),
     )
     return tuple(results)

@@ -57,7 +57,10 @@ def group_query_attention(
     present_value: Any,
     output_qk: Any,
     threads: Optional[int],
+    stream: int,
     alloc: Callable[[Tuple[int, ...], str], Any],
 ) -> Tuple[Any, ...]:
-    """Runs ONNX Runtime's GroupQueryAttention on host arrays; see attnkit.group_query_attention. `inputs` holds
-    the 16 inputs in ONNX Runtime's order (None: absent). Returns (output, present_key, present_value[, output_qk])."""
+    """Runs ONNX Runtime's GroupQueryAttention on host arrays (CPU) or CUDA arrays (CUDA, on `stream`: a
+    cudaStream_t as an integer, 0 for the default stream); see attnkit.group_query_attention. `inputs` holds the 16
+    inputs in ONNX Runtime's order (None: absent); outputs not passed in are allocated through
+    `alloc(shape, dtype_name)`. Returns (output, present_key, present_value[, output_qk])."""

@@ -6,7 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 namespace attnkit::python {
 namespace {
@@ -176,14 +181,14 @@ ArrayArg import_array(nb::handle obj, const std::string& name, bool writable) {
   return a;
 }
 
-Where array_location(const ArrayArg& a, bool cuda_usable, bool cuda_built) {
+Where array_location(const ArrayArg& a, bool usable, bool built) {
   if (host_accessible(a.device_type)) return Where::host;
   const std::string where = device_name(a.device_type, a.device_id);
   if (a.device_type == kDLCUDA || a.device_type == kDLCUDAManaged) {
-    if (cuda_usable) return Where::cuda;
+    if (usable) return Where::cuda;
     throw nb::value_error((a.name + ": is a CUDA array (" + where + ") but " +
-                           (cuda_built ? std::string("attnkit's CUDA backend finds no usable CUDA device")
-                                       : std::string("this build of attnkit has no CUDA backend")) +
+                           (built ? std::string("attnkit's CUDA backend finds no usable CUDA device")
+                                  : std::string("this build of attnkit has no CUDA backend")) +
                            "; pass a CPU array")
                               .c_str());
   }
@@ -191,6 +196,54 @@ Where array_location(const ArrayArg& a, bool cuda_usable, bool cuda_built) {
 }
 
 std::string device_string(const ArrayArg& a) { return device_name(a.device_type, a.device_id); }
+
+bool host_memory(const ArrayArg& a) { return host_accessible(a.device_type); }
+bool cuda_memory(const ArrayArg& a) { return a.device_type == kDLCUDA || a.device_type == kDLCUDAManaged; }
+
+bool cuda_built() {
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_usable() {
+  for (Backend b : available_backends())
+    if (b == Backend::Cuda) return true;
+  return false;
+}
+
+void copy_device_to_host(void* dst, const void* src, std::size_t bytes, void* stream, const std::string& what) {
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess)
+    throw std::runtime_error(what + ": reading it back from the device failed: " + cudaGetErrorString(e));
+#else
+  (void)dst, (void)src, (void)bytes, (void)stream;
+  throw std::runtime_error(what + ": this build of attnkit has no CUDA backend");
+#endif
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int device) {
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+  if (device >= 0 && cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+    if (cudaSetDevice(device) != cudaSuccess)
+      throw nb::value_error(("cannot make CUDA device " + std::to_string(device) + " current").c_str());
+    switched_ = true;
+  }
+#else
+  (void)device;
+#endif
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+  if (switched_) cudaSetDevice(previous_);
+#endif
+}
 
 void require_same_device(const ArrayArg& a, const ArrayArg& b) {
   if (a.device_type == b.device_type && a.device_id == b.device_id) return;

@@ -10,6 +10,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,10 +50,35 @@ ArrayArg import_array(nb::handle obj, const std::string& name, bool writable);
 // Where an array's memory is, as far as choosing a backend goes.
 enum class Where : std::uint8_t { host, cuda };
 // Host memory (CPU, CUDA/ROCm pinned host memory) or CUDA device memory (device or managed). Throws
-// ValueError for any other device, and for a CUDA array when `cuda_usable` is false (saying whether the CUDA
+// ValueError for any other device, and for a CUDA array when `usable` is false (saying whether the CUDA
 // backend is missing from this build or finds no device).
-Where array_location(const ArrayArg& a, bool cuda_usable, bool cuda_built);
+Where array_location(const ArrayArg& a, bool usable, bool built);
 std::string device_string(const ArrayArg& a);
+// DLPack device types: memory the host reads (CPU, CUDA / ROCm pinned host memory) and CUDA device memory
+// (device or managed).
+bool host_memory(const ArrayArg& a);
+bool cuda_memory(const ArrayArg& a);
+// Whether this build has the CUDA backend, and whether that backend finds a device now.
+bool cuda_built();
+bool cuda_usable();
+// Copies `bytes` bytes from CUDA device memory to the host, ordered after the work already queued on `stream`
+// (a cudaStream_t; null: the default stream), and waits for them. Only reached when cuda_usable().
+void copy_device_to_host(void* dst, const void* src, std::size_t bytes, void* stream, const std::string& what);
+
+// Makes the arrays' CUDA device current while an op plans and runs (plans read the device's SM count, scratch is
+// allocated on it), and puts the caller's device back afterwards. Does nothing for device < 0 (host arrays).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 // Throws ValueError when `a` and `b` live on different devices.
 void require_same_device(const ArrayArg& a, const ArrayArg& b);
 // Throws TypeError unless the array holds `want` (`why` completes the message).

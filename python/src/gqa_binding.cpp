@@ -1,12 +1,15 @@
 // attnkit._attnkit.group_query_attention: ONNX Runtime's com.microsoft.GroupQueryAttention (include/attnkit/gqa.hpp)
-// on host arrays.
+// on host arrays (the CPU backend) or CUDA arrays (the CUDA backend, on the caller's stream).
 //
 // Every array is imported zero-copy (DLPack / buffer protocol / NumPy bfloat16 through a uint16 view, arrays.cpp)
 // and handed to the op as a (pointer, ElementType, shape) view. The op takes dense row-major tensors, so an array
-// whose strides are not the dense ones is refused (never copied). Outputs that were not passed in are allocated
-// through the caller's `alloc(shape, dtype_name)` at the shapes gqa_output_specs gives (ONNX Runtime's inference);
-// a present cache passed in as the same memory as its past cache is updated in place. The op checks every input,
-// attribute and output before it writes anything; attnkit::Error becomes ValueError (module.cpp).
+// whose strides are not the dense ones is refused (never copied). The query's memory picks the backend; the op's
+// placement rules (host: everything on the host; CUDA: everything on query's device except the small inputs the op
+// reads on the host, which may be host memory) are checked here at import, so a misplaced array is a ValueError naming it rather than
+// a fault. Outputs that were not passed in are allocated through the caller's `alloc(shape, dtype_name)` at the
+// shapes gqa_output_specs gives (ONNX Runtime's inference); a present cache passed in as the same memory as its
+// past cache is updated in place. The op checks every input, attribute and output before it writes anything;
+// attnkit::Error becomes ValueError (module.cpp).
 #include "arrays.hpp"
 
 #include <attnkit/error.hpp>
@@ -15,6 +18,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <mutex>
@@ -29,9 +33,6 @@
 namespace attnkit::python {
 namespace {
 
-// DLPack device types readable from the host (dlpack.h).
-bool host_device(int type) { return type == 1 || type == 3 || type == 11; }
-
 std::optional<ElementType> element_type_of(const std::string& dtype_name) {
   if (dtype_name == "float32") return ElementType::float32;
   if (dtype_name == "float16") return ElementType::float16;
@@ -43,14 +44,43 @@ std::optional<ElementType> element_type_of(const std::string& dtype_name) {
   return std::nullopt;
 }
 
-// The rules the binding adds to the op's: a host array of an element type the op knows, dense row-major
-// (the op's views have no strides), aligned to its elements.
-ElementType check_array(const ArrayArg& a) {
-  if (!host_device(a.device_type)) {
-    throw nb::value_error((a.name + ": lives on " + device_string(a) +
-                           "; group_query_attention runs on the CPU (pass host arrays)")
+// Where a call runs: host arrays on the CPU backend, CUDA arrays on the CUDA backend; the query decides.
+struct Placement {
+  bool cuda = false;
+  int device = -1;          // query's CUDA device (cuda only)
+  std::string query_where;  // "cpu", "cuda:0", ... for messages
+};
+
+// The inputs the op also takes as host memory when it runs on CUDA (it reads their values on the host for its
+// checks and plan, reading device copies back): seqlens_k, total_sequence_length, position_ids, head_sink,
+// k_scale, v_scale (src/gqa/group_query_attention.cpp: kHostReadInputs).
+bool host_or_device_input(int index) {
+  return index == 5 || index == 6 || index == 9 || index == 11 || index == 12 || index == 13;
+}
+
+// The placement rule for one array. Host call: host memory only. CUDA call: query's device, or (for the small
+// inputs above) also host memory. Checked before anything is read, so a misplaced array never reaches a kernel
+// or a host read.
+void check_placement(const ArrayArg& a, const Placement& p, bool may_be_host) {
+  if (!p.cuda) {
+    if (host_memory(a)) return;
+    throw nb::value_error((a.name + ": lives on " + device_string(a) + " but query is on " + p.query_where +
+                           "; with a host query every array must be host memory (put query on the GPU to run on "
+                           "CUDA)")
                               .c_str());
   }
+  if (cuda_memory(a) && a.device_id == p.device) return;
+  if (may_be_host && host_memory(a)) return;
+  const std::string rule = may_be_host ? a.name + " may be host memory or on query's device"
+                                       : "every tensor but seqlens_k, total_sequence_length, position_ids, "
+                                         "head_sink, k_scale and v_scale must be on query's CUDA device";
+  throw nb::value_error((a.name + ": lives on " + device_string(a) + " but query is on " + p.query_where + "; " + rule)
+                            .c_str());
+}
+
+// The rules the binding adds to the op's: an element type the op knows, dense row-major (the op's views have no
+// strides), aligned to its elements.
+ElementType check_array(const ArrayArg& a) {
   const std::optional<ElementType> t = element_type_of(a.dtype_name);
   if (!t) {
     throw nb::type_error((a.name + ": dtype " + a.dtype_name +
@@ -91,20 +121,22 @@ nb::tuple shape_tuple(const std::vector<std::int64_t>& d) {
   return nb::tuple(l);
 }
 
-// Ops by attributes and thread count, kept between calls: an op keeps its scratch (the rotated Q, the attention
-// core's tiles), so a decode loop does not allocate and fault in fresh pages on every step. Each op has its own
-// lock, taken with the GIL released, so two Python threads never share scratch.
+// Ops by attributes and configuration, kept between calls: an op keeps its scratch (the rotated Q, the attention
+// core's tiles; device memory on CUDA), so a decode loop does not allocate on every step. The key holds the
+// backend, the CUDA device (the scratch lives there) and the stream (an op is built for one stream, and two
+// streams must not share scratch: a call returns while its kernels are still queued). Each op has its own lock,
+// taken with the GIL released, so two Python threads never share scratch.
 struct CachedOp {
   explicit CachedOp(const GqaAttributes& a, const GqaConfig& c) : op(a, c) {}
   GroupQueryAttention op;
   std::mutex lock;
 };
 
-CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c) {
+CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c, int device) {
   static std::mutex table_lock;
   static std::map<std::string, std::unique_ptr<CachedOp>> table;
   constexpr std::size_t kMaxOps = 32;
-  // Every attribute (floats by their bits: two scales that print alike must not share an op) and the threads.
+  // Every attribute (floats by their bits: two scales that print alike must not share an op) and the config.
   auto num = [](auto v) {
     if constexpr (std::is_floating_point_v<decltype(v)>) {
       std::uint32_t bits;
@@ -119,13 +151,15 @@ CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c) {
                           num(a.local_window_size) + num(a.causal) + num(a.do_rotary) + num(a.rotary_interleaved) +
                           num(a.smooth_softmax) + num(a.qk_output) + a.k_quant_type + "|" + a.v_quant_type + "|" +
                           num(a.kv_cache_bit_width) + num(a.sliding_window_cache) + num(a.qk_norm_epsilon) +
-                          num(c.threads);
+                          num(c.threads) + num(static_cast<int>(c.backend)) + num(device) +
+                          num(reinterpret_cast<std::uintptr_t>(c.stream));
   std::lock_guard<std::mutex> guard(table_lock);
   auto it = table.find(key);
   if (it != table.end()) return *it->second;
   auto op = std::make_unique<CachedOp>(a, c);  // checks the attributes: throws before anything is cached
   if (table.size() >= kMaxOps) {
-    // Drop ops nobody is running (a held lock means a call in flight); simple and bounded.
+    // Drop ops nobody is running (a held lock means a call in flight); simple and bounded. A CUDA op may still
+    // have kernels queued: its destructor owns releasing its device scratch safely.
     for (auto i = table.begin(); i != table.end();) {
       if (i->second->lock.try_lock()) {
         i->second->lock.unlock();
@@ -138,6 +172,18 @@ CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c) {
   return *table.emplace(key, std::move(op)).first->second;
 }
 
+// gqa_output_specs reads total_sequence_length's value on the host (the present caches' rows). A device copy is
+// read back here, ordered after the caller's stream (a synchronisation, and only when an output is allocated:
+// pass it on the host, or pass the outputs, and a step does not wait).
+TensorView host_total_length(const ArrayArg& a, const TensorView& view, void* stream, std::int64_t& storage) {
+  if (host_memory(a)) return view;
+  storage = 0;
+  const std::size_t bytes =
+      std::min<std::size_t>(sizeof storage, static_cast<std::size_t>(view.elements()) * element_size(view.type));
+  if (bytes > 0 && view.data != nullptr) copy_device_to_host(&storage, view.data, bytes, stream, a.name);
+  return TensorView{&storage, view.type, view.shape};
+}
+
 nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads, std::int64_t kv_num_heads,
                                 float scale, float softcap, std::int64_t local_window_size, std::int64_t causal,
                                 std::int64_t do_rotary, std::int64_t rotary_interleaved, std::int64_t smooth_softmax,
@@ -145,7 +191,7 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
                                 const std::string& v_quant_type, std::int64_t kv_cache_bit_width,
                                 std::int64_t sliding_window_cache, float qk_norm_epsilon, nb::handle output_obj,
                                 nb::handle present_key_obj, nb::handle present_value_obj, nb::handle output_qk_obj,
-                                std::optional<int> threads, nb::callable alloc) {
+                                std::optional<int> threads, std::uintptr_t stream, nb::callable alloc) {
   GqaAttributes attrs;
   attrs.num_heads = num_heads;
   attrs.kv_num_heads = kv_num_heads;
@@ -162,47 +208,78 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
   attrs.kv_cache_bit_width = kv_cache_bit_width;
   attrs.sliding_window_cache = sliding_window_cache;
   attrs.qk_norm_epsilon = qk_norm_epsilon;
-  GqaConfig config;
-  config.threads = threads.value_or(0);
-  // The attribute rules (and the config's) first: they need no array.
-  CachedOp& cached = cached_op(attrs, config);
-
   if (nb::len(input_objs) != GqaInputs::kCount)
     throw nb::value_error("inputs: group_query_attention takes 16 inputs (ONNX Runtime's order)");
+
+  // The query's memory picks the backend (a CUDA query without a usable CUDA backend is a ValueError saying why).
   std::array<std::optional<ArrayArg>, GqaInputs::kCount> in_arrays;
+  Placement place;
+  place.query_where = "cpu";
+  if (nb::object q = input_objs[static_cast<std::size_t>(0)]; !q.is_none()) {
+    in_arrays[0] = import_array(q, std::string(gqa_input_name(0)), false);
+    place.cuda = array_location(*in_arrays[0], cuda_usable(), cuda_built()) == Where::cuda;
+    place.device = place.cuda ? in_arrays[0]->device_id : -1;
+    place.query_where = device_string(*in_arrays[0]);
+  }
+  GqaConfig config;
+  config.threads = threads.value_or(0);
+  if (place.cuda) {
+    config.backend = Backend::Cuda;
+    config.stream = reinterpret_cast<void*>(stream);  // the caller's current stream (0: the default stream)
+  }
+  // Query's device is current while the op is built, plans and runs; the caller's device is put back after.
+  const CudaDeviceGuard device_guard(place.device);
+  // The attribute rules (and the config's) first: they need no other array.
+  CachedOp& cached = cached_op(attrs, config, place.device);
+
   GqaInputs inputs;
   for (int i = 0; i < GqaInputs::kCount; ++i) {
     nb::object obj = input_objs[static_cast<std::size_t>(i)];
     if (obj.is_none()) continue;
-    in_arrays[i] = import_array(obj, std::string(gqa_input_name(i)), false);
+    if (!in_arrays[i]) in_arrays[i] = import_array(obj, std::string(gqa_input_name(i)), false);
+    check_placement(*in_arrays[i], place, host_or_device_input(i));
     inputs.input(i) = view_of(*in_arrays[i], check_array(*in_arrays[i]));
   }
 
-  // Outputs passed in: writable host arrays. The op checks their shapes, types and overlaps.
+  // Outputs passed in: writable arrays on query's device. The op checks their shapes, types and overlaps.
   const nb::handle given[GqaOutputs::kCount] = {output_obj, present_key_obj, present_value_obj, output_qk_obj};
   std::array<std::optional<ArrayArg>, GqaOutputs::kCount> out_arrays;
   std::array<nb::object, GqaOutputs::kCount> results;
   std::array<ElementType, GqaOutputs::kCount> out_types{};
+  bool allocate = false;  // an output the op produces was not passed in
   for (int i = 0; i < GqaOutputs::kCount; ++i) {
-    if (given[i].is_none()) continue;
+    if (given[i].is_none()) {
+      allocate = allocate || i < 3 || qk_output != 0;
+      continue;
+    }
     out_arrays[i] = import_array(given[i], std::string(gqa_output_name(i)), true);
+    check_placement(*out_arrays[i], place, false);
     out_types[i] = check_array(*out_arrays[i]);
     results[i] = nb::borrow(given[i]);
   }
 
-  // The others are allocated where ONNX Runtime would infer them (this checks what it reads of the inputs).
-  const auto specs = gqa_output_specs(attrs, inputs);
-  for (int i = 0; i < GqaOutputs::kCount; ++i) {
-    if (out_arrays[i] || !specs[i].produced) continue;
-    const std::string name(gqa_output_name(i));
-    results[i] = alloc(shape_tuple(specs[i].shape), std::string(element_type_name(specs[i].type)));
-    out_arrays[i] = import_array(results[i], name, true);
-    out_types[i] = check_array(*out_arrays[i]);
-    if (out_types[i] != specs[i].type || out_arrays[i]->shape != specs[i].shape) {
-      throw nb::value_error((name + ": was allocated as " + out_arrays[i]->dtype_name + " " +
-                             shape_text(out_arrays[i]->shape) + ", not " +
-                             std::string(element_type_name(specs[i].type)) + " " + shape_text(specs[i].shape))
-                                .c_str());
+  // The others are allocated where ONNX Runtime would infer them (this checks what it reads of the inputs), on
+  // query's device: the allocator makes arrays of query's kind there.
+  if (allocate) {
+    GqaInputs spec_inputs = inputs;
+    std::int64_t total_storage = 0;
+    if (in_arrays[6])
+      spec_inputs.total_sequence_length =
+          host_total_length(*in_arrays[6], inputs.total_sequence_length, config.stream, total_storage);
+    const auto specs = gqa_output_specs(attrs, spec_inputs);
+    for (int i = 0; i < GqaOutputs::kCount; ++i) {
+      if (out_arrays[i] || !specs[i].produced) continue;
+      const std::string name(gqa_output_name(i));
+      results[i] = alloc(shape_tuple(specs[i].shape), std::string(element_type_name(specs[i].type)));
+      out_arrays[i] = import_array(results[i], name, true);
+      check_placement(*out_arrays[i], place, false);
+      out_types[i] = check_array(*out_arrays[i]);
+      if (out_types[i] != specs[i].type || out_arrays[i]->shape != specs[i].shape) {
+        throw nb::value_error((name + ": was allocated as " + out_arrays[i]->dtype_name + " " +
+                               shape_text(out_arrays[i]->shape) + ", not " +
+                               std::string(element_type_name(specs[i].type)) + " " + shape_text(specs[i].shape))
+                                  .c_str());
+      }
     }
   }
   GqaOutputs outputs;
@@ -215,7 +292,7 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
   {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> guard(cached.lock);
-    cached.op.run(inputs, outputs);  // checks every input and output before it writes
+    cached.op.run(inputs, outputs);  // checks every input and output before it writes (CUDA: then queues)
   }
   if (qk_output != 0) return nb::make_tuple(results[0], results[1], results[2], results[3]);
   return nb::make_tuple(results[0], results[1], results[2]);
@@ -230,8 +307,9 @@ void register_gqa(nb::module_& m) {
         nb::arg("k_quant_type"), nb::arg("v_quant_type"), nb::arg("kv_cache_bit_width"),
         nb::arg("sliding_window_cache"), nb::arg("qk_norm_epsilon"), nb::arg("output").none(),
         nb::arg("present_key").none(), nb::arg("present_value").none(), nb::arg("output_qk").none(),
-        nb::arg("threads").none(), nb::arg("alloc"),
-        "Runs ONNX Runtime's GroupQueryAttention on host arrays; see attnkit.group_query_attention. `inputs` holds "
+        nb::arg("threads").none(), nb::arg("stream"), nb::arg("alloc"),
+        "Runs ONNX Runtime's GroupQueryAttention on host arrays (CPU) or CUDA arrays (CUDA, on `stream`: a "
+        "cudaStream_t as an integer, 0 for the default stream); see attnkit.group_query_attention. `inputs` holds "
         "the 16 inputs in ONNX Runtime's order (None: absent); outputs not passed in are allocated through "
         "`alloc(shape, dtype_name)`. Returns (output, present_key, present_value[, output_qk]).");
 }

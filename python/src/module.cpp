@@ -24,9 +24,6 @@
 #if defined(ATTNKIT_PYTHON_HAS_CLI)
 #include "cli/cli.hpp"
 #endif
-#if defined(ATTNKIT_PYTHON_HAS_CUDA)
-#include <cuda_runtime_api.h>
-#endif
 
 namespace attnkit::python {
 namespace {
@@ -105,46 +102,6 @@ void require_vector(const ArrayArg& a, std::int64_t length, const char* what) {
   }
 }
 
-#if defined(ATTNKIT_PYTHON_HAS_CUDA)
-constexpr bool kCudaBuilt = true;
-#else
-constexpr bool kCudaBuilt = false;
-#endif
-
-bool cuda_usable() {
-  for (Backend b : available_backends())
-    if (b == Backend::Cuda) return true;
-  return false;
-}
-
-// Makes the arrays' CUDA device current while the op plans and runs (the plan reads its SM count), and puts
-// the caller's device back afterwards. Does nothing for host arrays.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device) {
-#if defined(ATTNKIT_PYTHON_HAS_CUDA)
-    if (device >= 0 && cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      if (cudaSetDevice(device) != cudaSuccess)
-        throw nb::value_error(("cannot make CUDA device " + std::to_string(device) + " current").c_str());
-      switched_ = true;
-    }
-#else
-    (void)device;
-#endif
-  }
-  ~CudaDeviceGuard() {
-#if defined(ATTNKIT_PYTHON_HAS_CUDA)
-    if (switched_) cudaSetDevice(previous_);
-#endif
-  }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-};
-
 nb::tuple shape_tuple(const std::vector<std::int64_t>& d) {
   nb::list l;
   for (std::int64_t x : d) l.append(x);
@@ -184,9 +141,9 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
     if (*o) all.push_back(&**o);
   // The arrays' device picks the backend: CUDA arrays run on the CUDA backend, host arrays on the CPU ones.
   const bool cuda_ok = cuda_usable();
-  const Where where = array_location(q, cuda_ok, kCudaBuilt);
+  const Where where = array_location(q, cuda_ok, cuda_built());
   for (const ArrayArg* a : all) {
-    array_location(*a, cuda_ok, kCudaBuilt);
+    array_location(*a, cuda_ok, cuda_built());
     require_same_device(*a, q);
   }
   if (where == Where::cuda) {

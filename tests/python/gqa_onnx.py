@@ -7,6 +7,8 @@ Inputs are named as the contract (and ONNX Runtime) names them; an absent option
 the node. Outputs: output, present_key, present_value and output_qk when qk_output != 0.
 """
 
+import functools
+
 import numpy as np
 
 INPUT_NAMES = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
@@ -26,6 +28,24 @@ def _onnx_type(dtype):
 
         return TensorProto.BFLOAT16
     return helper.np_dtype_to_tensor_dtype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def schema_is_new_enough():
+    """Whether this onnxruntime's GroupQueryAttention has the contract's schema: causal, sliding_window_cache,
+    qk_norm_epsilon, quantized caches, head_sink, norms. False when onnx / onnxruntime are missing."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as C
+        import onnx  # noqa: F401 -- the model is built with onnx.helper
+    except ImportError:
+        return False
+    for s in C.get_all_operator_schema():
+        if s.name == "GroupQueryAttention" and s.domain == "com.microsoft":
+            inputs = {i.name for i in s.inputs}
+            return {"causal", "sliding_window_cache", "qk_norm_epsilon", "k_quant_type", "v_quant_type",
+                    "kv_cache_bit_width", "smooth_softmax", "qk_output"} <= set(s.attributes) and \
+                {"head_sink", "k_scale", "v_scale", "q_norm_weight", "k_norm_weight"} <= inputs
+    return False
 
 
 def ort_version():

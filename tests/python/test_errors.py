@@ -1,6 +1,5 @@
 """Rejected calls: each raises ValueError/TypeError with the library's "argument: rule" message and writes nothing."""
 
-import ctypes
 import re
 
 import numpy as np
@@ -8,6 +7,7 @@ import pytest
 
 import attnkit
 from conftest import np_dtype
+from fake_dlpack import FakeDLPack as _FakeDLPack
 
 POISON = 1234.5
 
@@ -151,51 +151,6 @@ def test_bad_out(inputs):
     assert np.array_equal(q_copy, q)
     rejects(ValueError, "out: the last dimension must be contiguous", q, k, v,
             out=np.full((2, 4, 6, 16), POISON, np.float32)[..., ::2])
-
-
-class _FakeDLPack:
-    """A DLPack producer (ctypes) that hands over host memory while claiming another device."""
-
-    class DLDevice(ctypes.Structure):
-        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-    class DLDataType(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-    class DLTensor(ctypes.Structure):
-        pass
-
-    class DLManagedTensor(ctypes.Structure):
-        pass
-
-    DLTensor._fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                         ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                         ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-    DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
-                                ("deleter", ctypes.c_void_p)]
-
-    def __init__(self, array, device_type, device_id=0):
-        self.array = np.ascontiguousarray(array, np.float32)
-        self.shape = (ctypes.c_int64 * self.array.ndim)(*self.array.shape)
-        self.strides = (ctypes.c_int64 * self.array.ndim)(*(s // 4 for s in self.array.strides))
-        self.device = (device_type, device_id)
-        self.shape_tuple = self.array.shape
-
-    def __dlpack_device__(self):
-        return self.device
-
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
-        if max_version is not None:
-            raise TypeError("this producer only makes unversioned capsules")
-        managed = self.DLManagedTensor()
-        managed.dl_tensor = self.DLTensor(self.array.ctypes.data, self.DLDevice(*self.device), self.array.ndim,
-                                          self.DLDataType(2, 32, 1), self.shape, self.strides, 0)
-        managed.deleter = None
-        self._keep = managed  # the capsule points into it; no deleter
-        PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-        PyCapsule_New.restype = ctypes.py_object
-        PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return PyCapsule_New(ctypes.addressof(managed), b"dltensor", None)
 
 
 def test_fake_dlpack_host_producer_works(inputs):

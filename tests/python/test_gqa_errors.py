@@ -259,3 +259,37 @@ def test_a_rejected_call_leaves_the_shared_cache_alone():
             attnkit.group_query_attention(**kw)
         assert np.array_equal(kw["past_key"], before[0]) and np.array_equal(kw["past_value"], before[1])
         assert np.isnan(kw["output"]).all()
+
+
+# ---- devices -----------------------------------------------------------------------------------------------------
+# The query's device picks the backend. These run anywhere: the arrays claim a device (fake_dlpack) but hold host
+# memory, and a refused array is never read.
+
+def test_host_query_takes_host_arrays_only():
+    from fake_dlpack import FakeDLPack
+
+    kw = base()
+    rejects(ValueError, "past_key: lives on cuda:0 but query is on cpu; with a host query every array must be host "
+            "memory", past_key=FakeDLPack(kw["past_key"], 2))
+    rejects(ValueError, "seqlens_k: lives on cuda:0 but query is on cpu",
+            seqlens_k=FakeDLPack(np.array([5, 8], np.int32), 2))
+    poisoned = np.full((B, S, N * H), np.nan, np.float32)
+    rejects(ValueError, "output: lives on cuda:1 but query is on cpu", output=FakeDLPack(poisoned, 2, 1))
+    assert np.isnan(poisoned).all()
+    rejects(ValueError, "query: lives on metal:0; attnkit runs on CPU and CUDA arrays only",
+            query=FakeDLPack(kw["query"], 8))
+    # The small inputs may be any host memory (CUDA pinned host memory is host memory).
+    out, _, _ = attnkit.group_query_attention(**dict(kw, seqlens_k=FakeDLPack(kw["seqlens_k"], 3),
+                                                     total_sequence_length=FakeDLPack(kw["total_sequence_length"], 1)))
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.skipif("cuda" in attnkit.available_backends(), reason="the CUDA backend is present")
+def test_cuda_query_without_the_cuda_backend():
+    from fake_dlpack import FakeDLPack
+
+    kw = base()
+    rejects(ValueError, "query: is a CUDA array (cuda:0) but ", query=FakeDLPack(kw["query"], 2))
+    with pytest.raises(ValueError, match=r"query: is a CUDA array \(cuda:0\) but (this build of attnkit has no CUDA "
+                                         r"backend|attnkit's CUDA backend finds no usable CUDA device)"):
+        attnkit.group_query_attention(**dict(kw, query=FakeDLPack(kw["query"], 2)))

@@ -10,21 +10,9 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from gqa_onnx import schema_is_new_enough  # noqa: E402
 
-def _schema_is_new_enough():
-    """The contract's schema: causal, sliding_window_cache, qk_norm_epsilon, quantized caches, head_sink, norms."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as C
-
-    for s in C.get_all_operator_schema():
-        if s.name == "GroupQueryAttention" and s.domain == "com.microsoft":
-            inputs = {i.name for i in s.inputs}
-            return {"causal", "sliding_window_cache", "qk_norm_epsilon", "k_quant_type", "v_quant_type",
-                    "kv_cache_bit_width", "smooth_softmax", "qk_output"} <= set(s.attributes) and \
-                {"head_sink", "k_scale", "v_scale", "q_norm_weight", "k_norm_weight"} <= inputs
-    return False
-
-
-if not _schema_is_new_enough():
+if not schema_is_new_enough():
     pytest.skip("this onnxruntime's GroupQueryAttention predates the contract's schema", allow_module_level=True)
 
 import gqa_cases  # noqa: E402
