@@ -1,11 +1,13 @@
 // The decode kernel: few query rows per K/V head (a decode step, grouped heads, a short chunk), a long key range,
 // K/V stored as the query's type or quantized (int8 / int4, dequantized in registers). Here the work is reading
-// the cache, so the kernel is built around streaming K and V once at full width:
+// the cache, so the kernel is built around streaming K and V once, with enough bytes in flight:
 //
 //   * A block owns kRows = 4 rows ((head, query) pairs of one K/V head: the query heads of a group share every
 //     K/V load) and one key range of at most kDecodeMaxKeys keys (the split-K plan makes the ranges).
-//   * Lanes split a K/V row into chunks of 16 values (32 bytes of float16, 16 of int8, 8 of int4): a row is read
-//     by L = pow2(D / 16) consecutive lanes, so a warp reads 32 / L rows per load instruction, fully coalesced.
+//   * K, then V, stream through shared memory in 16 KB tiles, kStages deep (cp.async: the copies of the next
+//     tiles are in flight while this one is computed; the first V tiles are issued before the softmax pass).
+//   * Lanes split a row into chunks of 16 values (32 bytes of float16, 16 of int8, 8 of int4): a row is read by
+//     L = pow2(D / 16) consecutive lanes, 128 / L rows at a time per block.
 //   * Pass 1: each lane group forms the dot products of its keys with the 4 query rows (Q in registers, the K
 //     scales folded into it), reduces them over its L lanes and writes the scores to shared memory.
 //   * Pass 2: one warp per row takes the max and the sum of exp over the whole range: a single max, so there is
@@ -13,8 +15,8 @@
 //   * Pass 3: each lane group accumulates p * V of its keys for its 16 columns; the groups' sums are folded in a
 //     fixed order (shuffles, then the warps through shared memory), the V scales applied at the end.
 //
-// Every sum has a fixed order: runs are bit-identical. A range longer than kDecodeMaxKeys is the plan's
-// error, never the kernel's (the plan splits long ranges).
+// Every sum has a fixed order: runs are bit-identical. Ranges longer than kDecodeMaxKeys are the plan's to
+// split, never the kernel's to meet.
 #include "kernel_launchers.hpp"
 
 namespace attnkit::cuda {
@@ -24,11 +26,12 @@ constexpr int kRows = static_cast<int>(kDecodeRows);
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 16;       // values a lane reads of each K/V row
-constexpr int kUnroll = 4;       // keys a lane group has in flight
+constexpr int kStages = 3;       // K/V tiles in shared memory: one computed, the next ones in flight
+constexpr int kStageBytes = 16384;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared memory: scores / probabilities [kRows][kDecodeMaxKeys]; at the end the warps' partial outputs
-// [kWarps][kRows][256] reuse it.
+// Shared memory: scores / probabilities [kRows][kDecodeMaxKeys] (at the end the warps' partial outputs
+// [kWarps][kRows][256] reuse it), then kStages tiles of K or V rows.
 constexpr std::size_t kScoreFloats = static_cast<std::size_t>(kRows) * kDecodeMaxKeys;
 static_assert(kScoreFloats >= static_cast<std::size_t>(kWarps) * kRows * 256, "the fold must fit the scores");
 
@@ -46,14 +49,15 @@ struct ChunkWords<Int4Tag> {
   uint4 w[1];  // x, y used
 };
 
+// A lane's chunk of a row in a shared-memory tile.
 template <class S>
-__device__ __forceinline__ void load_chunk(ChunkWords<S>& c, const S* row_chunk) {
-  const uint4* src = reinterpret_cast<const uint4*>(row_chunk);
+__device__ __forceinline__ void load_chunk(ChunkWords<S>& c, const std::byte* chunk) {
+  const uint4* src = reinterpret_cast<const uint4*>(chunk);
 #pragma unroll
-  for (int i = 0; i < ChunkWords<S>::kWords; ++i) c.w[i] = __ldg(src + i);
+  for (int i = 0; i < ChunkWords<S>::kWords; ++i) c.w[i] = src[i];
 }
-__device__ __forceinline__ void load_chunk(ChunkWords<Int4Tag>& c, const std::uint8_t* row_chunk) {
-  const uint2 v = __ldg(reinterpret_cast<const uint2*>(row_chunk));
+__device__ __forceinline__ void load_chunk(ChunkWords<Int4Tag>& c, const std::byte* chunk) {
+  const uint2 v = *reinterpret_cast<const uint2*>(chunk);
   c.w[0].x = v.x;
   c.w[0].y = v.y;
 }
@@ -96,19 +100,67 @@ struct Stored {
   using type = S;
   static constexpr bool kQuantized = !std::is_same_v<S, float> && !std::is_same_v<S, __half> &&
                                      !std::is_same_v<S, __nv_bfloat16>;
-  // Values -> elements of the row pointer.
-  static __device__ __forceinline__ std::int64_t elements(std::int64_t values) { return values; }
+  static constexpr int kChunkBytes = static_cast<int>(sizeof(S)) * kChunk;
+  // Values -> bytes of a row.
+  static __device__ __forceinline__ std::int64_t bytes(std::int64_t values) { return values * sizeof(S); }
 };
 template <>
 struct Stored<Int4Tag> {
   using type = std::uint8_t;
   static constexpr bool kQuantized = true;
-  static __device__ __forceinline__ std::int64_t elements(std::int64_t values) { return values / 2; }
+  static constexpr int kChunkBytes = kChunk / 2;
+  static __device__ __forceinline__ std::int64_t bytes(std::int64_t values) { return values / 2; }
+};
+
+// Rows [lo, lo + n) of one K or V head, streamed through the stage tiles. Each thread copies fixed 16-byte
+// chunks; a tile holds tile_keys rows packed (row_bytes apart).
+struct RowStream {
+  const std::byte* head;  // row 0 of the head
+  std::int64_t row_stride;  // bytes
+  int row_bytes, tile_keys, tiles, lo, n;
+  std::byte* stages;
+
+  __device__ void issue(int t) const {
+    if (t < tiles) {
+      const int k0 = t * tile_keys;
+      const int chunks_per_row = row_bytes / 16;
+      const int chunks = min(tile_keys, n - k0) * chunks_per_row;
+      std::byte* dst = stages + (t % kStages) * kStageBytes;
+      // i = key * chunks_per_row + ch, stepped by kThreads without a division per copy.
+      int key = threadIdx.x / chunks_per_row, ch = threadIdx.x % chunks_per_row;
+      const int key_step = kThreads / chunks_per_row, ch_step = kThreads % chunks_per_row;
+      for (int i = threadIdx.x; i < chunks; i += kThreads) {
+        cp_async16(dst + i * 16, head + (lo + k0 + key) * row_stride + ch * 16, true);
+        key += key_step;
+        ch += ch_step;
+        if (ch >= chunks_per_row) {
+          ch -= chunks_per_row;
+          ++key;
+        }
+      }
+    }
+    cp_async_commit();  // an empty group past the last tile keeps the wait counts uniform
+  }
+  // The first kStages - 1 tiles (issued ahead of the loop, possibly before other work).
+  __device__ void prologue() const {
+    for (int t = 0; t < kStages - 1; ++t) issue(t);
+  }
+  // Calls visit(tile, first key of the tile, keys in it) for each tile once every thread's copies landed.
+  template <class Visit>
+  __device__ void run(Visit&& visit) const {
+    for (int t = 0; t < tiles; ++t) {
+      issue(t + kStages - 1);
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
+      visit(stages + (t % kStages) * kStageBytes, t * tile_keys, min(tile_keys, n - t * tile_keys));
+      __syncthreads();  // the tile's stage is refilled by the next issue
+    }
+    cp_async_wait_all();
+  }
 };
 
 template <class T, class S>
 __global__ void __launch_bounds__(kThreads) attention_decode_kernel(const KernelParams p) {
-  using Elem = typename Stored<S>::type;
   extern __shared__ float4 smem_raw[];
   float* scores = reinterpret_cast<float*>(smem_raw);  // [kRows][kDecodeMaxKeys]
   __shared__ int row_head[kRows], row_query[kRows], row_begin[kRows], row_end[kRows];
@@ -177,53 +229,60 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(const Kernel
     }
   }
 
-  // Layouts count values; an int4 row pointer counts bytes (the plan keeps int4 offsets and strides even).
-  const Elem* k_head = static_cast<const Elem*>(p.k) + Stored<S>::elements(p.lk.index(c.b, c.kvh, 0) + d0);
-  const Elem* v_head = static_cast<const Elem*>(p.v) + Stored<S>::elements(p.lv.index(c.b, c.kvh, 0) + d0);
-  const std::int64_t k_row = Stored<S>::elements(p.lk.row_stride);
-  const std::int64_t v_row = Stored<S>::elements(p.lv.row_stride);
+  // Layouts count values; rows are streamed as bytes.
+  std::byte* stages = reinterpret_cast<std::byte*>(scores + kScoreFloats);
+  const int row_bytes = static_cast<int>(Stored<S>::bytes(D));
+  const int tile_keys = kStageBytes / row_bytes;
+  const int tiles = (n + tile_keys - 1) / tile_keys;
+  const RowStream k_stream{static_cast<const std::byte*>(p.k) + Stored<S>::bytes(p.lk.index(c.b, c.kvh, 0)),
+                           Stored<S>::bytes(p.lk.row_stride), row_bytes, tile_keys, tiles, lo, n, stages};
+  const RowStream v_stream{static_cast<const std::byte*>(p.v) + Stored<S>::bytes(p.lv.index(c.b, c.kvh, 0)),
+                           Stored<S>::bytes(p.lv.row_stride), row_bytes, tile_keys, tiles, lo, n, stages};
+  const int per_slot = (tile_keys + slots - 1) / slots;  // warp-uniform trip count (the shuffles need every lane)
+  const int chunk_at = part * Stored<S>::kChunkBytes;
   const float scale = p.transform.scale;
   const float softcap = p.transform.softcap;
   const float scale_over_cap = softcap > 0.0f ? scale / softcap : 0.0f;
 
-  // Pass 1: scores. The loop bounds are warp-uniform (the shuffles need every lane); key j0 + u * slots is this
-  // lane group's.
-  for (int base = 0; base < n; base += slots * kUnroll) {
-    const int j0 = base + slot;
-    ChunkWords<S> kc[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * slots;
-      if (active && j < n) load_chunk(kc[u], k_head + (lo + j) * k_row);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * slots;
+  // Pass 1: scores.
+  k_stream.prologue();
+  k_stream.run([&](const std::byte* tile, int k0, int keys) {
+    for (int u = 0; u < per_slot; ++u) {
+      const int j = slot + u * slots;  // row of the tile
       float kx[kChunk];
-      widen_chunk(kc[u], kx);
+      if (active && j < keys) {
+        ChunkWords<S> kc;
+        load_chunk(kc, tile + j * row_bytes + chunk_at);
+        widen_chunk(kc, kx);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) kx[i] = 0.0f;
+      }
       float dot[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float acc = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) acc = fmaf(q[r][i], active ? kx[i] : 0.0f, acc);
+        for (int i = 0; i < kChunk; ++i) acc = fmaf(q[r][i], kx[i], acc);
         dot[r] = acc;
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         for (int o = 1; o < lanes_per_row; o <<= 1) dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], o);
-      if (part == 0 && j < n) {
-        const std::int64_t key = lo + j;
+      if (part == 0 && j < keys) {
+        const std::int64_t key = lo + k0 + j;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           float s = softcap > 0.0f ? softcap * tanhf(dot[r] * scale_over_cap) : dot[r] * scale;
           const bool seen = key >= row_begin[r] && key < row_end[r];
           if (seen && p.has_mask) s += load_mask(p, p.lmask.index(c.b, row_head[r], row_query[r]) + key);
-          scores[r * kDecodeMaxKeys + j] = seen ? s : core::kNegInf;
+          scores[r * kDecodeMaxKeys + k0 + j] = seen ? s : core::kNegInf;
         }
       }
     }
-  }
+  });
+  // The first V tiles are in flight during the softmax pass.
+  v_stream.prologue();
   __syncthreads();
 
   // Pass 2: one warp per row: max, then p = exp(s - max) in place and its sum (fixed order: lane-strided, then
@@ -262,30 +321,24 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(const Kernel
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) acc[r][i] = 0.0f;
-  for (int base = 0; base < n; base += slots * kUnroll) {
-    const int j0 = base + slot;
-    ChunkWords<S> vc[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * slots;
-      if (active && j < n) load_chunk(vc[u], v_head + (lo + j) * v_row);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * slots;
-      if (j >= n) continue;
+  v_stream.run([&](const std::byte* tile, int k0, int keys) {
+    for (int u = 0; u < per_slot; ++u) {
+      const int j = slot + u * slots;
+      if (!active || j >= keys) continue;
+      ChunkWords<S> vc;
+      load_chunk(vc, tile + j * row_bytes + chunk_at);
       float vx[kChunk];
-      widen_chunk(vc[u], vx);
+      widen_chunk(vc, vx);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const float pr = scores[r * kDecodeMaxKeys + j];
+        const float pr = scores[r * kDecodeMaxKeys + k0 + j];
         // A hidden key has p = 0 exactly; skipping it keeps 0 * inf (a non-finite V) out of the row.
         if (pr == 0.0f) continue;
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) acc[r][i] = fmaf(pr, vx[i], acc[r][i]);
       }
     }
-  }
+  });
   // Fold the lane groups of a warp (butterfly over the slot bits), then the warps in order, through the
   // scores' shared memory (every read of it is done).
   __syncthreads();
@@ -348,17 +401,19 @@ void launch_for_storage(const KernelParams& p, std::int64_t blocks, cudaStream_t
 
 }  // namespace
 
-std::size_t decode_smem_bytes() { return kScoreFloats * sizeof(float); }
+std::size_t decode_smem_bytes() { return kScoreFloats * sizeof(float) + kStages * kStageBytes; }
 
 bool decode_supports(std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  return head_dim == v_head_dim && head_dim % kChunk == 0 && head_dim <= 256 && k_type == v_type;
+  // Rows are copied in 16-byte chunks: an int4 row of 16 values (8 bytes) is not.
+  const std::int64_t multiple = k_type == KvType::Int4 ? 2 * kChunk : kChunk;
+  return head_dim == v_head_dim && head_dim % multiple == 0 && head_dim <= 256 && k_type == v_type;
 }
 
 std::int64_t decode_value_alignment(KvType type, DType dtype) {
-  // A lane's chunk must start on its load width: 16 bytes (float types, int8) or 8 bytes (int4).
+  // Rows are copied in 16-byte chunks: every row starts on 16 bytes.
   switch (type) {
     case KvType::Int8: return 16;
-    case KvType::Int4: return 16;  // 8 bytes = 16 values
+    case KvType::Int4: return 32;  // 16 bytes
     case KvType::Float: break;
   }
   return 16 / static_cast<std::int64_t>(dtype_size(dtype));

@@ -1,5 +1,5 @@
 // The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async),
-// head dims 64 and 128 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
+// head dims 32, 64, 128 and 256 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
 //
 // A block owns 64 rows ((head, query) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in
 // tiles of 64 keys. K and V tiles are double-buffered in shared memory (cp.async, XOR-swizzled 16-byte chunks
@@ -17,7 +17,9 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kRows = 64;
-constexpr int kKeys = 64;
+// Keys per tile: 64, or 32 at head dim 256 (the 16 x 256 float32 accumulator of a warp's rows already takes
+// 128 registers per thread).
+__host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : 64; }
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -76,29 +78,23 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "r"(addr));
 }
 
-// 16-byte copy global -> shared; `valid` false writes zeros (keys past the tile, padded rows).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
 // Element offset of (row, col) in a [rows][D] shared tile whose 16-byte chunks are XOR-swizzled by row, so
-// that the 8 rows one ldmatrix reads at one column fall in 8 different bank groups.
+// that the 8 rows one ldmatrix reads at one column fall in 8 different bank groups (4 at head dim 32, whose
+// rows have only 4 chunks: two rows share a group, a 2-way conflict).
 template <int D>
 __device__ __forceinline__ int swizzled(int row, int col) {
-  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  constexpr int kMask = (D / 8 < 8 ? D / 8 : 8) - 1;
+  return row * D + ((((col >> 3) ^ (row & kMask))) << 3) + (col & 7);
 }
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelParams p) {
+  constexpr int kTileKeys = tile_keys(D);
   extern __shared__ float4 smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
-  T* ks = qs + kRows * D;                    // [2][kKeys][D]
-  T* vs = ks + 2 * kKeys * D;                // [2][kKeys][D]
-  auto* row_head = reinterpret_cast<int*>(vs + 2 * kKeys * D);
+  T* ks = qs + kRows * D;                    // [2][kTileKeys][D]
+  T* vs = ks + 2 * kTileKeys * D;                // [2][kTileKeys][D]
+  auto* row_head = reinterpret_cast<int*>(vs + 2 * kTileKeys * D);
   int* row_query = row_head + kRows;
   int* row_begin = row_query + kRows;
   int* row_end = row_begin + kRows;
@@ -160,10 +156,10 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   const T* k_head = k + p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride + (tid % kChunks) * 8;
   const T* v_head = v + p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride + (tid % kChunks) * 8;
   auto load_kv = [&](int buffer, std::int64_t k0, int n) {
-    T* kdst = ks + buffer * kKeys * D;
-    T* vdst = vs + buffer * kKeys * D;
+    T* kdst = ks + buffer * kTileKeys * D;
+    T* vdst = vs + buffer * kTileKeys * D;
 #pragma unroll
-    for (int j = tid / kChunks; j < kKeys; j += kThreads / kChunks) {
+    for (int j = tid / kChunks; j < kTileKeys; j += kThreads / kChunks) {
       const bool valid = j < n;
       const std::int64_t key = valid ? k0 + j : k0;
       const int at = swizzled<D>(j, (tid % kChunks) * 8);
@@ -183,39 +179,39 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   float row_max[2] = {core::kNegInf, core::kNegInf};
   float row_sum[2] = {0.0f, 0.0f};
 
-  const std::int64_t first_tile = lo < hi ? lo / kKeys * kKeys : hi;
+  const std::int64_t first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
   int buffer = 0;
   if (first_tile < hi) {
     const std::int64_t k0 = max64(first_tile, lo);
-    load_kv(0, k0, static_cast<int>(min64(first_tile + kKeys, hi) - k0));
+    load_kv(0, k0, static_cast<int>(min64(first_tile + kTileKeys, hi) - k0));
   }
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
 
-  for (std::int64_t t0 = first_tile; t0 < hi; t0 += kKeys) {
+  for (std::int64_t t0 = first_tile; t0 < hi; t0 += kTileKeys) {
     const std::int64_t k0 = max64(t0, lo);
-    const int n = static_cast<int>(min64(t0 + kKeys, hi) - k0);
-    if (t0 + kKeys < hi) {  // prefetch the next tile into the other buffer
-      const std::int64_t nk0 = t0 + kKeys;
-      load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kKeys, hi) - nk0));
+    const int n = static_cast<int>(min64(t0 + kTileKeys, hi) - k0);
+    if (t0 + kTileKeys < hi) {  // prefetch the next tile into the other buffer
+      const std::int64_t nk0 = t0 + kTileKeys;
+      load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kTileKeys, hi) - nk0));
     }
     cp_async_commit();
-    const T* kt = ks + buffer * kKeys * D;
-    const T* vt = vs + buffer * kKeys * D;
+    const T* kt = ks + buffer * kTileKeys * D;
+    const T* vt = vs + buffer * kTileKeys * D;
     // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
     if (warp * 16 < rows) {
 
     // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys: 8 n-tiles of 8 keys.
-    float s[kKeys / 8][4];
+    float s[kTileKeys / 8][4];
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D; kk += 16) {
       std::uint32_t a[4];
       ldmatrix_x4(a, qs + swizzled<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; j += 2) {
+      for (int j = 0; j < kTileKeys / 8; j += 2) {
         std::uint32_t b[4];
         ldmatrix_x4(b, kt + swizzled<D>(j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
         mma16816<T>(s[j], a, b[0], b[1]);
@@ -226,15 +222,15 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     // Scores: scale (and softcap, mask, visibility where the tile needs them), then the online softmax. The
     // rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
     // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
-    const bool full = n == kKeys && !p.has_mask && all_begin <= k0 && all_end >= k0 + kKeys;
+    const bool full = n == kTileKeys && !p.has_mask && all_begin <= k0 && all_end >= k0 + kTileKeys;
     if (softcap > 0.0f) {
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
+      for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale_over_cap);
     } else {
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
+      for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] *= scale;
     }
@@ -246,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
         const int end = r < rows ? row_end[r] : 0;
         const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, row_head[r], row_query[r]) : -1;
 #pragma unroll
-        for (int j = 0; j < kKeys / 8; ++j)
+        for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = j * 8 + (lane % 4) * 2 + e;
@@ -261,21 +257,24 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     for (int half = 0; half < 2; ++half) {
       float tile_max = core::kNegInf;
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
+      for (int j = 0; j < kTileKeys / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[half], tile_max);
       const float alpha = core::rescale_factor(row_max[half], new_max);
       row_max[half] = new_max;
       row_sum[half] *= alpha;
+      // Most tiles after the first leave every row's max where it was: skip the rescale then (warp-uniform).
+      if (!__all_sync(0xffffffffu, alpha == 1.0f)) {
 #pragma unroll
-      for (int t = 0; t < D / 8; ++t) {
-        o[t][half * 2] *= alpha;
-        o[t][half * 2 + 1] *= alpha;
+        for (int t = 0; t < D / 8; ++t) {
+          o[t][half * 2] *= alpha;
+          o[t][half * 2 + 1] *= alpha;
+        }
       }
       const float shift = core::usable_max(new_max) * kLog2e;
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
+      for (int j = 0; j < kTileKeys / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
     }
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     // P (rounded to T) as the A operand; the normaliser sums the rounded values. O += P V.
     float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
       std::uint32_t a[4];
       float rounded[8];
       a[0] = Pack2<T>::pack(s[2 * kk][0], s[2 * kk][1], rounded[0], rounded[1]);
@@ -356,20 +355,26 @@ void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t strea
 }  // namespace
 
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim) {
-  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
 std::size_t mma_smem_bytes(std::int64_t head_dim) {
-  return static_cast<std::size_t>((kRows + 4 * kKeys) * head_dim) * 2 + 4 * kRows * sizeof(int);
+  return static_cast<std::size_t>((kRows + 4 * tile_keys(static_cast<int>(head_dim))) * head_dim) * 2 +
+         4 * kRows * sizeof(int);
 }
 
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
   if (dtype == DType::f16) {
-    if (p.head_dim == 64) launch_typed<__half, 64>(p, blocks, stream);
-    else launch_typed<__half, 128>(p, blocks, stream);
+    if (p.head_dim == 32) launch_typed<__half, 32>(p, blocks, stream);
+    else if (p.head_dim == 64) launch_typed<__half, 64>(p, blocks, stream);
+    else if (p.head_dim == 128) launch_typed<__half, 128>(p, blocks, stream);
+    else launch_typed<__half, 256>(p, blocks, stream);
   } else {
-    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, blocks, stream);
-    else launch_typed<__nv_bfloat16, 128>(p, blocks, stream);
+    if (p.head_dim == 32) launch_typed<__nv_bfloat16, 32>(p, blocks, stream);
+    else if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, blocks, stream);
+    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, blocks, stream);
+    else launch_typed<__nv_bfloat16, 256>(p, blocks, stream);
   }
 }
 

@@ -90,7 +90,8 @@ class DeviceWorkspace {
   std::unique_ptr<State> state_;
 };
 
-// A blocking copy of device memory to the host (the op's checks read small device inputs this way).
-void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+// Copies device memory to the host in `stream`'s order and waits for it (the op's checks read small device
+// inputs this way, after whatever the caller queued to produce them).
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, void* stream);
 
 }  // namespace attnkit::cuda

@@ -293,9 +293,11 @@ void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) 
   state_->pending = true;
 }
 
-void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
-  check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  auto st = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
 }
 
 }  // namespace attnkit::cuda

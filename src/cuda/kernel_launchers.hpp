@@ -33,17 +33,17 @@ void allow_max_dynamic_smem() {
 std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);
 
-// attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, head dim 64 or 128 (= v_head_dim), rows
+// attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, head dim 32, 64, 128 or 256 (= v_head_dim), rows
 // aligned to 16 bytes.
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim);
 std::size_t mma_smem_bytes(std::int64_t head_dim);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 
 // attention_decode.cu: 4 rows per block, key ranges of at most kDecodeMaxKeys keys, K/V of the query's type or
-// quantized (int8 / int4, same type for K and V), head dim a multiple of 16 up to 256 (= v_head_dim), rows
-// starting on decode_value_alignment values.
+// quantized (int8 / int4, same type for K and V), head dim a multiple of 16 (int4: 32) up to 256 (= v_head_dim),
+// rows starting on 16 bytes (decode_value_alignment values).
 inline constexpr std::int64_t kDecodeRows = 4;
-inline constexpr std::int64_t kDecodeMaxKeys = 2048;
+inline constexpr std::int64_t kDecodeMaxKeys = 1024;
 bool decode_supports(std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::int64_t decode_value_alignment(KvType type, DType dtype);
 std::size_t decode_smem_bytes();

@@ -110,6 +110,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 16-byte copy global -> shared; `valid` false writes zeros (keys past the tile, padded rows).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+
 // Decodes a block index into (batch, K/V head, row block, key range).
 struct BlockCoord {
   std::int64_t b, kvh, row_block, split;

@@ -331,7 +331,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     if (!t.present() || t.data == nullptr || !cuda::is_device_pointer(t.data)) continue;
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(t.elements(), 0)) * element_size(t.type);
     host_copies[static_cast<std::size_t>(i)].resize(bytes);
-    cuda::copy_to_host(host_copies[static_cast<std::size_t>(i)].data(), t.data, bytes);
+    cuda::copy_to_host(host_copies[static_cast<std::size_t>(i)].data(), t.data, bytes, config.stream);
     t.data = host_copies[static_cast<std::size_t>(i)].data();
   }
   const gqa::GqaPlan g = gqa::plan_call(settings, in, out);
