@@ -104,10 +104,11 @@ struct GqaAttributes {
 
 // Where the op runs.
 //   Cpu (Auto means Cpu) or Reference (the attention core in float64): every tensor is host memory.
-//   Cuda: every tensor is CUDA device memory, except seqlens_k, total_sequence_length, position_ids, k_scale and
-//   v_scale, which may be host or device memory. The op checks them on the host before it writes anything, so
-//   device copies of them are read back (a synchronisation); pass them on the host and a decode step queues
-//   its kernels on `stream` without waiting. output_qk is not produced on CUDA (an Error says so).
+//   Cuda: every tensor is CUDA device memory, except seqlens_k, total_sequence_length, position_ids, head_sink,
+//   k_scale and v_scale, which may be host or device memory. The op reads them on the host (its checks and its
+//   plan need their values) before it writes anything, so device copies of them are read back in `stream`'s
+//   order (a synchronisation); pass them on the host and a decode step queues its kernels on `stream` without
+//   waiting. output_qk is not produced on CUDA (an Error says so).
 struct GqaConfig {
   Backend backend = Backend::Cpu;
   int threads = 0;               // Cpu: 0 = all cores. The results do not depend on it.
