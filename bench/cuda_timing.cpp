@@ -1,6 +1,7 @@
 // Times attnkit's CUDA kernels alone (CUDA events, median of many back-to-back calls) on the PERF.md shapes.
 // A quick look between full runs; the numbers that count come from bench/bench_cuda.py, side by side with
 // PyTorch in one process.
+//   usage: attnkit_cuda_timing [case-substring [dtype]]
 #include <attnkit/attention.hpp>
 
 #include <cuda_runtime.h>
@@ -9,11 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace attnkit;
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string only_case = argc > 1 ? argv[1] : "";
+  const std::string only_dtype = argc > 2 ? argv[2] : "";
   struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
   const Case cases[] = {
       {"bert_b8_s512", 8, 12, 12, 512, 512, 64, false},     {"whisper_enc_1500", 1, 12, 12, 1500, 1500, 64, false},
@@ -26,7 +30,9 @@ int main() {
   };
   std::printf("%-28s %-9s %10s %9s %9s  %s\n", "case", "dtype", "us", "TFLOP/s", "GB/s", "kernel");
   for (const Case& c : cases) {
+    if (std::string(c.name).find(only_case) == std::string::npos) continue;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      if (!only_dtype.empty() && only_dtype != dtype_name(t)) continue;
       AttentionProblem p = AttentionProblem::head_first(c.b, c.h, c.hkv, c.sq, c.sk, c.d, t);
       p.causal = c.causal;
       const std::size_t es = dtype_size(t);

@@ -43,7 +43,6 @@ struct ChunkWords {
   static constexpr int kWords = kBytes >= 16 ? kBytes / 16 : 1;
   uint4 w[kWords];
 };
-struct Int4Tag {};  // the int4 storage type (two values per byte)
 template <>
 struct ChunkWords<Int4Tag> {
   uint4 w[1];  // x, y used
@@ -60,21 +59,6 @@ __device__ __forceinline__ void load_chunk(ChunkWords<Int4Tag>& c, const std::by
   const uint2 v = *reinterpret_cast<const uint2*>(chunk);
   c.w[0].x = v.x;
   c.w[0].y = v.y;
-}
-
-// int8 -> float without the slow integer-convert unit: a biased byte placed in the low mantissa of 2^23 is
-// 2^23 + (q + 128) exactly; one subtraction leaves q.
-__device__ __forceinline__ void widen_int8x4(std::uint32_t word, float* out) {
-  const std::uint32_t biased = word ^ 0x80808080u;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[i] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u + i)) - 8388736.0f;  // 2^23 + 128
-  }
-}
-// Eight int4 values of a word (value 2i in the low nibble of byte i), stored +8: 2^23 + nibble, minus 2^23 + 8.
-__device__ __forceinline__ void widen_int4x8(std::uint32_t word, float* out) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(0x4B000000u | ((word >> (4 * i)) & 0xFu)) - 8388616.0f;
 }
 
 template <class S>

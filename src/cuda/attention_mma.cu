@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace attnkit::cuda {
 namespace {
 
@@ -87,9 +89,35 @@ __device__ __forceinline__ int swizzled(int row, int col) {
   return row * D + ((((col >> 3) ^ (row & kMask))) << 3) + (col & 7);
 }
 
-template <class T, int D>
+// Bytes of a stored K/V row: D elements of T, D int8 values, or D / 2 bytes of int4.
+template <class T, class S>
+__host__ __device__ constexpr int stored_row_bytes(int head_dim) {
+  return std::is_same_v<S, Int4Tag> ? head_dim / 2 : head_dim * static_cast<int>(sizeof(S));
+}
+
+// Shared memory of one block: Q, double-buffered K and V tiles (the element type), the rows' state and, for a
+// quantized cache, the K/V scales of the block's head and double-buffered raw tiles as stored.
+template <class T, class S>
+__host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
+  const std::size_t tiles = static_cast<std::size_t>(kRows + 4 * tile_keys(head_dim)) * head_dim * sizeof(T);
+  const std::size_t rows = 4 * kRows * sizeof(int);
+  if (std::is_same_v<S, T>) return tiles + rows;
+  return tiles + rows + 2 * head_dim * sizeof(float) +
+         4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
+}
+
+// Packs two floats into the element type's pair (round to nearest).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack_pair(float a, float b) {
+  float ra, rb;
+  return Pack2<T>::pack(a, b, ra, rb);
+}
+
+template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
+  constexpr bool kQuantized = !std::is_same_v<S, T>;
+  constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
   extern __shared__ float4 smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
   T* ks = qs + kRows * D;                    // [2][kTileKeys][D]
@@ -98,6 +126,10 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   int* row_query = row_head + kRows;
   int* row_begin = row_query + kRows;
   int* row_end = row_begin + kRows;
+  float* k_scales = reinterpret_cast<float*>(row_end + kRows);  // quantized: [D] each
+  float* v_scales = k_scales + D;
+  auto* raw_k = reinterpret_cast<std::byte*>(v_scales + D);     // quantized: [2][kTileKeys][kRawRow]
+  std::byte* raw_v = raw_k + 2 * kTileKeys * kRawRow;
   __shared__ int tile_lo, tile_hi;
 
   const int tid = threadIdx.x;
@@ -109,8 +141,6 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const std::int64_t key_length = key_length_of(p, c.b);
   const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 
   if (tid == 0) {
@@ -152,21 +182,82 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     const T* src = q + p.lq.index(c.b, row_head[r], row_query[r]) + ch * 8;
     cp_async16(qs + swizzled<D>(r, ch * 8), src, r < rows);
   }
-  // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row.
-  const T* k_head = k + p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride + (tid % kChunks) * 8;
-  const T* v_head = v + p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride + (tid % kChunks) * 8;
+  // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row: of the
+  // element-type tiles, or of the raw stored rows of a quantized cache (converted by convert_kv below).
+  constexpr int kCopyChunks = kQuantized ? kRawRow / 16 : kChunks;
+  const std::int64_t value_bytes_num = std::is_same_v<S, Int4Tag> ? 1 : static_cast<std::int64_t>(sizeof(S));
+  const std::int64_t value_bytes_den = std::is_same_v<S, Int4Tag> ? 2 : 1;
+  auto bytes_of = [&](std::int64_t values) { return values * value_bytes_num / value_bytes_den; };
+  const std::byte* k_head = static_cast<const std::byte*>(p.k) +
+                            bytes_of(p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride) +
+                            (tid % kCopyChunks) * 16;
+  const std::byte* v_head = static_cast<const std::byte*>(p.v) +
+                            bytes_of(p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride) +
+                            (tid % kCopyChunks) * 16;
+  const std::int64_t k_row_bytes = bytes_of(p.lk.row_stride);
+  const std::int64_t v_row_bytes = bytes_of(p.lv.row_stride);
   auto load_kv = [&](int buffer, std::int64_t k0, int n) {
-    T* kdst = ks + buffer * kTileKeys * D;
-    T* vdst = vs + buffer * kTileKeys * D;
 #pragma unroll
-    for (int j = tid / kChunks; j < kTileKeys; j += kThreads / kChunks) {
+    for (int j = tid / kCopyChunks; j < kTileKeys; j += kThreads / kCopyChunks) {
       const bool valid = j < n;
       const std::int64_t key = valid ? k0 + j : k0;
-      const int at = swizzled<D>(j, (tid % kChunks) * 8);
-      cp_async16(kdst + at, k_head + key * p.lk.row_stride, valid);
-      cp_async16(vdst + at, v_head + key * p.lv.row_stride, valid);
+      if constexpr (kQuantized) {
+        const int at = (buffer * kTileKeys + j) * kRawRow + (tid % kCopyChunks) * 16;
+        cp_async16(raw_k + at, k_head + key * k_row_bytes, valid);
+        cp_async16(raw_v + at, v_head + key * v_row_bytes, valid);
+      } else {
+        const int at = swizzled<D>(j, (tid % kChunks) * 8);
+        cp_async16(ks + buffer * kTileKeys * D + at, k_head + key * k_row_bytes, valid);
+        cp_async16(vs + buffer * kTileKeys * D + at, v_head + key * v_row_bytes, valid);
+      }
     }
   };
+  // A quantized cache: the raw rows of `buffer` become element-type tiles, value * scale rounded to T (rows past
+  // the tile's n are zero). Each thread converts 16-byte raw chunks: 16 int8 or 32 int4 values.
+  auto convert_kv = [&](int buffer, int n) {
+    if constexpr (kQuantized) {
+      constexpr int kValuesPerChunk = std::is_same_v<S, Int4Tag> ? 32 : 16;
+      constexpr int kRawChunks = kTileKeys * (kRawRow / 16);
+      const auto convert = [&](const std::byte* raw, const float* scales, T* tile) {
+        for (int i = tid; i < kRawChunks; i += kThreads) {
+          const int j = i / (kRawRow / 16);
+          const int col = (i % (kRawRow / 16)) * kValuesPerChunk;
+          const uint4 w = *reinterpret_cast<const uint4*>(raw + i * 16);
+          float x[kValuesPerChunk];
+          if constexpr (std::is_same_v<S, Int4Tag>) {
+            widen_int4x8(w.x, x);
+            widen_int4x8(w.y, x + 8);
+            widen_int4x8(w.z, x + 16);
+            widen_int4x8(w.w, x + 24);
+          } else {
+            widen_int8x4(w.x, x);
+            widen_int8x4(w.y, x + 4);
+            widen_int8x4(w.z, x + 8);
+            widen_int8x4(w.w, x + 12);
+          }
+          const bool valid = j < n;
+#pragma unroll
+          for (int g = 0; g < kValuesPerChunk / 8; ++g) {
+            std::uint32_t h[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int d = g * 8 + 2 * e;
+              h[e] = valid ? pack_pair<T>(x[d] * scales[col + d], x[d + 1] * scales[col + d + 1]) : 0u;
+            }
+            *reinterpret_cast<uint4*>(tile + swizzled<D>(j, col + g * 8)) = uint4{h[0], h[1], h[2], h[3]};
+          }
+        }
+      };
+      convert(raw_k + buffer * kTileKeys * kRawRow, k_scales, ks + buffer * kTileKeys * D);
+      convert(raw_v + buffer * kTileKeys * kRawRow, v_scales, vs + buffer * kTileKeys * D);
+    }
+  };
+  if constexpr (kQuantized) {
+    for (int d = tid; d < D; d += kThreads) {
+      k_scales[d] = core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d);
+      v_scales[d] = core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, d);
+    }
+  }
 
   // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1}.
   const int r0 = warp * 16 + lane / 4;
@@ -197,6 +288,10 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
       load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kTileKeys, hi) - nk0));
     }
     cp_async_commit();
+    if constexpr (kQuantized) {
+      convert_kv(buffer, n);
+      __syncthreads();
+    }
     const T* kt = ks + buffer * kTileKeys * D;
     const T* vt = vs + buffer * kTileKeys * D;
     // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
@@ -345,23 +440,39 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   }
 }
 
+template <class T, int D, class S>
+void launch_stored(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+  const std::size_t smem = smem_bytes_for<T, S>(D);
+  allow_max_dynamic_smem<attention_mma_kernel<T, D, S>>();
+  attention_mma_kernel<T, D, S><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+}
+
+// Quantized caches are built for head dims 64 and 128 (mma_supports says so).
 template <class T, int D>
 void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
-  const std::size_t smem = mma_smem_bytes(D);
-  allow_max_dynamic_smem<attention_mma_kernel<T, D>>();
-  attention_mma_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  if constexpr (D == 64 || D == 128) {
+    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, blocks, stream);
+    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, blocks, stream);
+  }
+  launch_stored<T, D, T>(p, blocks, stream);
 }
 
 }  // namespace
 
-bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim) {
-  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim &&
-         (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
+bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
+  const bool dims = head_dim == v_head_dim && (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
+  const bool storage = k_type == v_type && (k_type == KvType::Float || head_dim == 64 || head_dim == 128);
+  return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
 }
 
-std::size_t mma_smem_bytes(std::int64_t head_dim) {
-  return static_cast<std::size_t>((kRows + 4 * tile_keys(static_cast<int>(head_dim))) * head_dim) * 2 +
-         4 * kRows * sizeof(int);
+std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type) {
+  const int d = static_cast<int>(head_dim);
+  switch (type) {
+    case KvType::Int8: return smem_bytes_for<__half, std::int8_t>(d);
+    case KvType::Int4: return smem_bytes_for<__half, Int4Tag>(d);
+    case KvType::Float: break;
+  }
+  return smem_bytes_for<__half, __half>(d);
 }
 
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {

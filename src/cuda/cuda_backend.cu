@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace attnkit::cuda {
@@ -118,6 +119,13 @@ bool decode_aligned(const Layout& l, KvType type, DType dtype) {
   return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
 }
 
+// The tensor-core kernel copies rows in 16-byte chunks (of the element type, or of int8 / int4 values).
+bool mma_aligned(const Layout& l, KvType type) {
+  if (type == KvType::Float) return layout_aligned16(l);
+  const std::int64_t m = type == KvType::Int8 ? 16 : 32;
+  return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
+}
+
 CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, bool allow_decode) {
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   const bool decode_ok = decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
@@ -126,10 +134,15 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // Few rows per K/V head: the work is streaming the cache, which the decode kernel does at full width (a
   // 64-row tile would leave most of its rows empty). A quantized cache takes it up to 64 rows (a prompt chunk)
   // since the other kernels dequantize value by value.
-  if (allow_decode && decode_ok && group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) return CudaPlan::Kernel::Decode;
-  if (!quantized && mma_supports(p.dtype, p.head_dim, p.v_head_dim) && layout_aligned16(p.q) &&
-      layout_aligned16(p.k) && layout_aligned16(p.v)) {
+  // Tensor cores first wherever they apply: even a decode step with 4 of a tile's 64 rows used reads the cache
+  // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
+  // leave it compute-bound (docs/benchmarks.md).
+  if (mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)) {
     return CudaPlan::Kernel::TensorCore;
+  }
+  if (allow_decode && decode_ok && group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
+    return CudaPlan::Kernel::Decode;
   }
   return CudaPlan::Kernel::Simt;
 }
@@ -149,7 +162,11 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
   // Split the keys when the row blocks alone would not fill the GPU (twice over for the tile kernels; the
   // decode kernel wants several blocks per SM in flight to keep enough loads outstanding). The decode kernel
   // also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
-  const std::int64_t target = (decode ? 4 : 2) * static_cast<std::int64_t>(plan.sm_count);
+  // A few-row shape (a decode step) that fills less than two blocks per SM streams its cache in more ranges:
+  // a block's range is read at one tile's pace, so more ranges keep more of the cache in flight.
+  const std::int64_t sms = plan.sm_count;
+  const bool few_rows = plan.group_rows <= 16 && base_blocks < 2 * sms;
+  const std::int64_t target = (decode || few_rows ? 4 : 2) * sms;
   std::int64_t want = 1;
   if (base_blocks > 0 && base_blocks < target && p.k_len >= 2 * kMinSplitKeys) {
     want = std::min({ceil_div(target, base_blocks), p.k_len / kMinSplitKeys, kMaxSplits});
@@ -160,7 +177,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
-  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim)
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =
@@ -173,9 +190,19 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
 
 }  // namespace
 
+// ATTNKIT_CUDA_DECODE=0 keeps the decode kernel out of every plan: a switch for benchmarks that compare it
+// with the tile kernels on the same shapes, not a tuning knob.
+bool decode_kernel_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ATTNKIT_CUDA_DECODE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 CudaPlan plan(const AttentionProblem& p) {
   if (!available()) throw Error("config.backend", "no CUDA device is present");
-  CudaPlan plan = plan_for(p, true);
+  CudaPlan plan = plan_for(p, decode_kernel_enabled());
   if (plan.kernel == CudaPlan::Kernel::Decode) {
     // Rows that do not start on the decode kernel's load width (an odd base pointer, seen only at run time)
     // take the tile kernels' plan instead: the scratch covers both.

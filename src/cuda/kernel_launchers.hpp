@@ -35,8 +35,9 @@ void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::s
 
 // attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, head dim 32, 64, 128 or 256 (= v_head_dim), rows
 // aligned to 16 bytes.
-bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim);
-std::size_t mma_smem_bytes(std::int64_t head_dim);
+// K/V may be quantized (int8 / int4, both alike) at head dims 64 and 128: tiles are dequantized in shared memory.
+bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
+std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 
 // attention_decode.cu: 4 rows per block, key ranges of at most kDecodeMaxKeys keys, K/V of the query's type or

@@ -103,6 +103,24 @@ __device__ __forceinline__ float load_kv_value(const void* base, KvType type, Kv
   return to_float(static_cast<const T*>(base)[row + d]);
 }
 
+// The int4 storage type of kernel templates (two values per byte; int8 storage is std::int8_t).
+struct Int4Tag {};
+
+// int8 -> float without the slow integer-convert unit: a biased byte placed in the low mantissa of 2^23 is
+// 2^23 + (q + 128) exactly; one subtraction leaves q.
+__device__ __forceinline__ void widen_int8x4(std::uint32_t word, float* out) {
+  const std::uint32_t biased = word ^ 0x80808080u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u + i)) - 8388736.0f;  // 2^23 + 128
+  }
+}
+// Eight int4 values of a word (value 2i in the low nibble of byte i), stored +8: 2^23 + nibble, minus 2^23 + 8.
+__device__ __forceinline__ void widen_int4x8(std::uint32_t word, float* out) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(0x4B000000u | ((word >> (4 * i)) & 0xFu)) - 8388616.0f;
+}
+
 // 2^x on the special-function unit (relative error ~2^-22, far below float16/bfloat16 rounding); exp2(-inf) = 0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
