@@ -97,9 +97,16 @@ __host__ __device__ constexpr int stored_row_bytes(int head_dim) {
 
 // Shared memory of one block: Q, double-buffered K and V tiles (the element type), the rows' state and, for a
 // quantized cache, the K/V scales of the block's head and double-buffered raw tiles as stored.
+// A quantized cache double-buffers the raw tiles (the copies in flight) and converts each into one K and one V
+// element-type tile just before it is used, so that two blocks still fit an SM.
+template <class T, class S>
+__host__ __device__ constexpr int element_tile_buffers() {
+  return std::is_same_v<S, T> ? 2 : 1;
+}
 template <class T, class S>
 __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
-  const std::size_t tiles = static_cast<std::size_t>(kRows + 4 * tile_keys(head_dim)) * head_dim * sizeof(T);
+  const std::size_t tiles = static_cast<std::size_t>(kRows + 2 * element_tile_buffers<T, S>() * tile_keys(head_dim)) *
+                            head_dim * sizeof(T);
   const std::size_t rows = 4 * kRows * sizeof(int);
   if (std::is_same_v<S, T>) return tiles + rows;
   return tiles + rows + 2 * head_dim * sizeof(float) +
@@ -119,10 +126,11 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   constexpr bool kQuantized = !std::is_same_v<S, T>;
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
   extern __shared__ float4 smem_raw[];
+  constexpr int kBuffers = element_tile_buffers<T, S>();
   T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
-  T* ks = qs + kRows * D;                    // [2][kTileKeys][D]
-  T* vs = ks + 2 * kTileKeys * D;                // [2][kTileKeys][D]
-  auto* row_head = reinterpret_cast<int*>(vs + 2 * kTileKeys * D);
+  T* ks = qs + kRows * D;                    // [kBuffers][kTileKeys][D]
+  T* vs = ks + kBuffers * kTileKeys * D;     // [kBuffers][kTileKeys][D]
+  auto* row_head = reinterpret_cast<int*>(vs + kBuffers * kTileKeys * D);
   int* row_query = row_head + kRows;
   int* row_begin = row_query + kRows;
   int* row_end = row_begin + kRows;
@@ -248,8 +256,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
           }
         }
       };
-      convert(raw_k + buffer * kTileKeys * kRawRow, k_scales, ks + buffer * kTileKeys * D);
-      convert(raw_v + buffer * kTileKeys * kRawRow, v_scales, vs + buffer * kTileKeys * D);
+      convert(raw_k + buffer * kTileKeys * kRawRow, k_scales, ks);
+      convert(raw_v + buffer * kTileKeys * kRawRow, v_scales, vs);
     }
   };
   if constexpr (kQuantized) {
@@ -292,8 +300,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
       convert_kv(buffer, n);
       __syncthreads();
     }
-    const T* kt = ks + buffer * kTileKeys * D;
-    const T* vt = vs + buffer * kTileKeys * D;
+    const T* kt = ks + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
+    const T* vt = vs + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
     // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
     if (warp * 16 < rows) {
 
