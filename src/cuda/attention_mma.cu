@@ -120,6 +120,54 @@ __device__ __forceinline__ std::uint32_t pack_pair(float a, float b) {
   return Pack2<T>::pack(a, b, ra, rb);
 }
 
+// Stored integers as exact pairs of the element type (every int8 and int4 value is exact in float16 and
+// bfloat16). float16 uses the magic-number trick: a byte u under exponent 2^10 is the half 1024 + u, so one
+// byte permute and one half2 subtraction give two values. bfloat16 has too few mantissa bits for a byte and goes
+// through float32 (int4 nibbles fit: 128 + n).
+template <class T>
+__device__ __forceinline__ void int8x8_to_pairs(std::uint32_t w0, std::uint32_t w1, std::uint32_t (&out)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const std::uint32_t b0 = w0 ^ 0x80808080u, b1 = w1 ^ 0x80808080u;  // q + 128
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1024 + 128
+    const std::uint32_t words[4] = {__byte_perm(b0, 0x64646464u, 0x4140), __byte_perm(b0, 0x64646464u, 0x4342),
+                                    __byte_perm(b1, 0x64646464u, 0x4140), __byte_perm(b1, 0x64646464u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&words[i]), bias);
+      out[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+    }
+  } else {
+    float x[8];
+    widen_int8x4(w0, x);
+    widen_int8x4(w1, x + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = pack_pair<T>(x[2 * i], x[2 * i + 1]);
+  }
+}
+template <class T>
+__device__ __forceinline__ void int4x8_to_pairs(std::uint32_t w, std::uint32_t (&out)[4]) {
+  // Nibble k (value k) sits at bit 4k: (w >> 4k) & 0x000F000F holds values k and k + 4 in a pair's two halves.
+  constexpr std::uint32_t kMagic = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;  // 1024 / 128
+  std::uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::uint32_t word = ((w >> (4 * k)) & 0x000F000Fu) | kMagic;
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 bias = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));  // 1024 + 8
+      const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&word), bias);
+      h[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    } else {
+      const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
+      const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&word), bias);  // 128 + 8
+      h[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+  }
+  out[0] = __byte_perm(h[0], h[1], 0x5410);  // values 0, 1
+  out[1] = __byte_perm(h[2], h[3], 0x5410);  // 2, 3
+  out[2] = __byte_perm(h[0], h[1], 0x7632);  // 4, 5
+  out[3] = __byte_perm(h[2], h[3], 0x7632);  // 6, 7
+}
+
 template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
@@ -220,44 +268,35 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
       }
     }
   };
-  // A quantized cache: the raw rows of `buffer` become element-type tiles, value * scale rounded to T (rows past
-  // the tile's n are zero). Each thread converts 16-byte raw chunks: 16 int8 or 32 int4 values.
+  // A quantized cache: the raw rows of `buffer` become element-type tiles of the stored integers, exactly (rows
+  // past the tile's n are zero). The scales act outside the tiles: K's are folded into Q once per block
+  // (q . (k * s) = (q * s) . k), V's scale the output columns at the end (sum p (v * s) = s sum p v).
   auto convert_kv = [&](int buffer, int n) {
     if constexpr (kQuantized) {
       constexpr int kValuesPerChunk = std::is_same_v<S, Int4Tag> ? 32 : 16;
       constexpr int kRawChunks = kTileKeys * (kRawRow / 16);
-      const auto convert = [&](const std::byte* raw, const float* scales, T* tile) {
+      const auto convert = [&](const std::byte* raw, T* tile) {
         for (int i = tid; i < kRawChunks; i += kThreads) {
           const int j = i / (kRawRow / 16);
           const int col = (i % (kRawRow / 16)) * kValuesPerChunk;
           const uint4 w = *reinterpret_cast<const uint4*>(raw + i * 16);
-          float x[kValuesPerChunk];
-          if constexpr (std::is_same_v<S, Int4Tag>) {
-            widen_int4x8(w.x, x);
-            widen_int4x8(w.y, x + 8);
-            widen_int4x8(w.z, x + 16);
-            widen_int4x8(w.w, x + 24);
-          } else {
-            widen_int8x4(w.x, x);
-            widen_int8x4(w.y, x + 4);
-            widen_int8x4(w.z, x + 8);
-            widen_int8x4(w.w, x + 12);
-          }
           const bool valid = j < n;
+          const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-          for (int g = 0; g < kValuesPerChunk / 8; ++g) {
+          for (int g = 0; g < kValuesPerChunk / 8; ++g) {  // 8 values -> one 16-byte chunk of the tile
             std::uint32_t h[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int d = g * 8 + 2 * e;
-              h[e] = valid ? pack_pair<T>(x[d] * scales[col + d], x[d + 1] * scales[col + d + 1]) : 0u;
+            if constexpr (std::is_same_v<S, Int4Tag>) {
+              int4x8_to_pairs<T>(words[g], h);
+            } else {
+              int8x8_to_pairs<T>(words[2 * g], words[2 * g + 1], h);
             }
-            *reinterpret_cast<uint4*>(tile + swizzled<D>(j, col + g * 8)) = uint4{h[0], h[1], h[2], h[3]};
+            const uint4 out = valid ? uint4{h[0], h[1], h[2], h[3]} : uint4{0u, 0u, 0u, 0u};
+            *reinterpret_cast<uint4*>(tile + swizzled<D>(j, col + g * 8)) = out;
           }
         }
       };
-      convert(raw_k + buffer * kTileKeys * kRawRow, k_scales, ks);
-      convert(raw_v + buffer * kTileKeys * kRawRow, v_scales, vs);
+      convert(raw_k + buffer * kTileKeys * kRawRow, ks);
+      convert(raw_v + buffer * kTileKeys * kRawRow, vs);
     }
   };
   if constexpr (kQuantized) {
@@ -287,6 +326,13 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
+  if constexpr (kQuantized) {  // Q <- Q * K scales, in place (rounded to T, like any element of Q)
+    for (int e = tid; e < kRows * D; e += kThreads) {
+      T& x = qs[swizzled<D>(e / D, e % D)];
+      x = from_float<T>(to_float(x) * k_scales[e % D]);
+    }
+    __syncthreads();
+  }
 
   for (std::int64_t t0 = first_tile; t0 < hi; t0 += kTileKeys) {
     const std::int64_t k0 = max64(t0, lo);
@@ -415,6 +461,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   }
 
   // Finish: normalise and write (or leave the split-K partial). A NaN sum means a NaN or +inf score.
+  auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + half * 8;
@@ -430,8 +477,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 #pragma unroll
       for (int t = 0; t < D / 8; ++t) {
         const int col = t * 8 + (lane % 4) * 2;
-        part[3 + col] = o[t][half * 2];
-        part[3 + col + 1] = o[t][half * 2 + 1];
+        part[3 + col] = o[t][half * 2] * v_scale_at(col);
+        part[3 + col + 1] = o[t][half * 2 + 1] * v_scale_at(col + 1);
       }
       continue;
     }
@@ -441,8 +488,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
       const int col = t * 8 + (lane % 4) * 2;
-      out[col] = from_float<T>(finished_value(fin, o[t][half * 2]));
-      out[col + 1] = from_float<T>(finished_value(fin, o[t][half * 2 + 1]));
+      out[col] = from_float<T>(finished_value(fin, o[t][half * 2] * v_scale_at(col)));
+      out[col + 1] = from_float<T>(finished_value(fin, o[t][half * 2 + 1] * v_scale_at(col + 1)));
     }
     if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row_head[r], row_query[r])] = fin.lse;
   }
