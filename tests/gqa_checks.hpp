@@ -7,6 +7,23 @@
 
 namespace attnkit::test {
 
+// A call's options in one line, for failure messages.
+inline std::string describe(const GqaOptions& o) {
+  std::string s = dtype_str(o.dtype) + " B=" + std::to_string(o.batch) + " S=" + std::to_string(o.seq) +
+                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) +
+                  " H=" + std::to_string(o.head_size) + " lengths=";
+  for (auto l : o.lengths) s += std::to_string(l) + ",";
+  s += std::string(o.has_past ? (o.shared ? " shared" : " separate") : " no-past") + (o.packed ? " packed" : "") +
+       (o.rotary ? (o.interleaved ? " rotary-interleaved" : " rotary") : "") + (o.norm ? " norm" : "") +
+       (o.position_ids ? " ids" : "") + (o.bias ? " bias" : "") + (o.head_sink ? " sink" : "") +
+       (o.smooth_softmax == 1 ? " smooth" : "") + " window=" + std::to_string(o.window) +
+       " causal=" + std::to_string(o.causal) + " softcap=" + std::to_string(o.softcap) + " K " + o.k_quant + " V " +
+       o.v_quant + " bits=" + std::to_string(o.bits) + (o.sliding ? " sliding" : "") +
+       " qk_output=" + std::to_string(o.qk_output);
+  return s;
+}
+
+
 // Compares a present cache with the reference's expectation: exact where no arithmetic made it (copies,
 // zeros, untouched rows, V rows, and K rows without norm or rotary); a float K' row within one rounding of the
 // type (the op computes norm and rotary in float32, the reference in float64, both then round to the type);

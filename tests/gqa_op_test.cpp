@@ -10,19 +10,6 @@ namespace {
 
 constexpr DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
-std::string describe(const GqaOptions& o) {
-  std::string s = dtype_str(o.dtype) + " B=" + std::to_string(o.batch) + " S=" + std::to_string(o.seq) +
-                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) +
-                  " H=" + std::to_string(o.head_size) + " lengths=";
-  for (auto l : o.lengths) s += std::to_string(l) + ",";
-  s += std::string(o.has_past ? (o.shared ? " shared" : " separate") : " no-past") + (o.packed ? " packed" : "") +
-       (o.rotary ? (o.interleaved ? " rotary-interleaved" : " rotary") : "") + (o.norm ? " norm" : "") +
-       (o.bias ? " bias" : "") + (o.head_sink ? " sink" : "") + (o.smooth_softmax == 1 ? " smooth" : "") +
-       " window=" + std::to_string(o.window) + " causal=" + std::to_string(o.causal) + " K " + o.k_quant + " V " +
-       o.v_quant + " bits=" + std::to_string(o.bits) + (o.sliding ? " sliding" : "") +
-       " qk_output=" + std::to_string(o.qk_output);
-  return s;
-}
 
 void check_qk(const GqaCall& c, const std::vector<double>& expected) {
   double diff = 0.0, top = 0.0;

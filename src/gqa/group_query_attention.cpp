@@ -54,6 +54,18 @@ std::string cache_name(const gqa::CacheFormat& f) {
   return s;
 }
 
+// What a call did, for describe(): the step, where, the cache mode and formats, Q' and the core's kernel.
+std::string describe_call(const gqa::GqaPlan& g, const char* where, std::size_t core_calls, const std::string& core) {
+  const bool prepare_q = g.qk_norm || g.rotary;
+  return "gqa " + step_name(g) + where + ", " +
+         (g.sliding  ? "window cache"
+          : g.shared ? "shared cache"
+                     : "separate caches") +
+         " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
+         (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
+         std::to_string(core_calls) + " core call" + (core_calls > 1 ? "s: " : ": ") + core;
+}
+
 // Widens head row `index` of a token buffer, then applies the RMS norm and rotary when on. The result is
 // rounded to the query's type: Q' and the new K rows are tensors of that type (what a quantized cache
 // quantizes, and what ONNX Runtime's rotary writes).
@@ -310,13 +322,7 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
     }
   }
 
-  last = "gqa " + step_name(g) + ", " +
-         (g.sliding  ? "window cache"
-          : g.shared ? "shared cache"
-                     : "separate caches") +
-         " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
-         (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
-         std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + ops.front().describe();
+  last = describe_call(g, "", calls.size(), ops.front().describe());
 }
 
 // The CUDA form of run(): the same checks and plan on the host, then on `config.stream`: the cache moves, the
@@ -466,13 +472,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   cuda::launch_append(st, config.stream);
   for (std::size_t i = 0; i < calls.size(); ++i) cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false);
 
-  last = "gqa " + step_name(g) + " on cuda, " +
-         (g.sliding  ? "window cache"
-          : g.shared ? "shared cache"
-                     : "separate caches") +
-         " K " + cache_name(g.present_key.format) + " / V " + cache_name(g.present_value.format) +
-         (prepare_q ? std::string(", Q'") + (g.qk_norm ? " norm" : "") + (g.rotary ? " rotary" : "") : "") + "; " +
-         std::to_string(calls.size()) + " core call" + (calls.size() > 1 ? "s: " : ": ") + cuda::describe(plans.front());
+  last = describe_call(g, " on cuda", calls.size(), cuda::describe(plans.front()));
 }
 
 GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const GqaConfig& config)

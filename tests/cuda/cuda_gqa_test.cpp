@@ -82,19 +82,6 @@ struct DeviceCall {
 
 GqaConfig cuda_config() { return GqaConfig{Backend::Cuda, 0, nullptr}; }
 
-std::string describe(const GqaOptions& o) {
-  std::string s = dtype_str(o.dtype) + " B=" + std::to_string(o.batch) + " S=" + std::to_string(o.seq) +
-                  " N=" + std::to_string(o.heads) + " Nkv=" + std::to_string(o.kv_heads) +
-                  " H=" + std::to_string(o.head_size) + " lengths=";
-  for (auto l : o.lengths) s += std::to_string(l) + ",";
-  s += std::string(o.has_past ? (o.shared ? " shared" : " separate") : " no-past") + (o.packed ? " packed" : "") +
-       (o.rotary ? (o.interleaved ? " rotary-interleaved" : " rotary") : "") + (o.norm ? " norm" : "") +
-       (o.position_ids ? " ids" : "") + (o.bias ? " bias" : "") + (o.head_sink ? " sink" : "") +
-       (o.smooth_softmax == 1 ? " smooth" : "") + " window=" + std::to_string(o.window) +
-       " causal=" + std::to_string(o.causal) + " softcap=" + std::to_string(o.softcap) + " K " + o.k_quant + " V " +
-       o.v_quant + " bits=" + std::to_string(o.bits) + (o.sliding ? " sliding" : "");
-  return s;
-}
 
 // Runs one call on the GPU and checks everything it wrote against the reference. Returns false (and checks
 // nothing) when the CPU op refuses the options: the sweep's generator may draw a combination the contract
