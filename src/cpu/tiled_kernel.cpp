@@ -289,8 +289,14 @@ void value_few_rows(const float* HWY_RESTRICT pt, std::int64_t n, std::int64_t r
                     std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  constexpr int kChunk = 4;  // vectors of dims per pass: 4 rows x 4 vectors of accumulators
-  HWY_ALIGN float tile[kFewRows * kChunk * 16];
+  // Vectors of dims per pass: 4 rows x kChunk accumulators + kChunk V vectors stay in registers (32 of them with
+  // AVX-512, 16 with AVX2 / SSE4, where a pass takes 2 vectors).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  constexpr int kChunk = 4;
+#else
+  constexpr int kChunk = 2;
+#endif
+  HWY_ALIGN float tile[kFewRows * 4 * 16];
   for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk * L) {
     const std::int64_t width = std::min<std::int64_t>(kChunk * L, dv - d0);
     const std::int64_t vecs = width / L;
@@ -300,17 +306,24 @@ void value_few_rows(const float* HWY_RESTRICT pt, std::int64_t n, std::int64_t r
     float tail[kFewRows][16] = {};
     for (std::int64_t j = 0; j < n; ++j) {
       const float* v = vrow[j] + d0;
-      for (std::int64_t r = 0; r < rows; ++r) {
+      // The key's V vectors once, then every row: loops over compile-time bounds keep acc in registers.
+      VF vv[kChunk];
+      for (int c = 0; c < kChunk; ++c) vv[c] = c < vecs ? hn::LoadU(df, v + c * L) : hn::Zero(df);
+      HWY_UNROLL(4)
+      for (int r = 0; r < kFewRows; ++r) {
+        if (r >= rows) break;
         const float p = pt[j * kRowBlock + r];
         if (p == 0.0f) continue;
         const VF pv = hn::Set(df, p);
         for (int c = 0; c < kChunk; ++c) {
-          if (c < vecs) acc[r][c] = hn::MulAdd(pv, hn::LoadU(df, v + c * L), acc[r][c]);
+          if (c < vecs) acc[r][c] = hn::MulAdd(pv, vv[c], acc[r][c]);
         }
         for (std::int64_t d = vecs * L; d < width; ++d) tail[r][d - vecs * L] = std::fma(p, v[d], tail[r][d - vecs * L]);
       }
     }
-    for (std::int64_t r = 0; r < rows; ++r) {
+    HWY_UNROLL(4)
+    for (int r = 0; r < kFewRows; ++r) {
+      if (r >= rows) break;
       for (int c = 0; c < kChunk; ++c) hn::Store(acc[r][c], df, tile + (r * kChunk + c) * L);
       for (std::int64_t d = vecs * L; d < width; ++d) tile[r * kChunk * L + d] = tail[r][d - vecs * L];
       for (std::int64_t d = 0; d < width; ++d) {
