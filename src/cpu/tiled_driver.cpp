@@ -119,13 +119,22 @@ std::size_t partial_floats(std::int64_t v_head_dim) {
   return static_cast<std::size_t>((3 + v_head_dim) * kRowBlock);
 }
 
-void save_partial(const Workspace& w, std::int64_t v_head_dim, float* partial) {
-  // One contiguous copy (lanes past the item's rows carry whatever they hold; the merge reads only its rows):
-  // per-row copies of a few lanes cost more in calls than they save in bytes.
+void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim, float* partial) {
+  // The merge reads only the item's rows; lanes past them carry whatever they hold.
   std::memcpy(partial, w.max, kRowBlock * sizeof(float));
   std::memcpy(partial + kRowBlock, w.sum, kRowBlock * sizeof(float));
   std::memcpy(partial + 2 * kRowBlock, w.poison, kRowBlock * sizeof(float));
-  std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
+  if (rows > kFewRows) {  // one contiguous copy: per-row copies of many lanes cost more in calls than in bytes
+    std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
+    return;
+  }
+  // A decode item: its few lanes of each column, not the whole 64-lane block (16x fewer bytes).
+  float* acc = partial + 3 * kRowBlock;
+  for (std::int64_t d = 0; d < v_head_dim; ++d) {
+    for (int r = 0; r < kFewRows; ++r) {
+      if (r < rows) acc[d * kRowBlock + r] = w.ot[d * kRowBlock + r];
+    }
+  }
 }
 
 TiledPlan plan_tiled(const AttentionProblem& p, int threads) {

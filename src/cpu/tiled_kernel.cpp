@@ -564,7 +564,7 @@ void run_item(const ItemJob& job) {
   }
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
-    save_partial(w, dv, job.partial);
+    save_partial(w, rows, dv, job.partial);
   } else {
     finish_rows(job);
   }

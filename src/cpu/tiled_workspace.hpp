@@ -56,7 +56,7 @@ struct ItemJob {
 void run_item_dispatched(const ItemJob& job);
 
 // Copies the item's unnormalised state into its partial slot.
-void save_partial(const Workspace& ws, std::int64_t v_head_dim, float* partial);
+void save_partial(const Workspace& ws, std::int64_t rows, std::int64_t v_head_dim, float* partial);
 // Normalises the item's rows from the workspace state and writes O (and the LSE); used after the merge pass.
 void finish_rows_dispatched(const ItemJob& job);
 

@@ -271,9 +271,15 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
     core::check_args(c.problem, c.args, scratch_bytes);
   }
 
+  // Small pre-passes (a decode step of a few sequences) run on the calling thread: waking the team costs more
+  // than the rows.
+  constexpr std::int64_t kParallelRows = 64;
+  const bool parallel_q = g.batch * g.seq * g.heads >= kParallelRows;
+  const bool parallel_append = g.batch * g.seq * g.kv_heads >= kParallelRows / 2;
+
   // Q': norm and rotary, in the query's type, positions-first.
   if (prepare_q) {
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (parallel_q)
     for (std::int64_t bs = 0; bs < g.batch * g.seq; ++bs) {
       const std::int64_t b = bs / g.seq;
       const std::int64_t s = bs % g.seq;
@@ -287,7 +293,7 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
   }
 
   // The caches: every (batch entry, kv head) independently, K rows prepared like Q, V rows as given.
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (parallel_append)
   for (std::int64_t bh = 0; bh < g.batch * g.kv_heads; ++bh) {
     const std::int64_t b = bh / g.kv_heads;
     const std::int64_t h = bh % g.kv_heads;
