@@ -168,6 +168,8 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of both ops (default: all cores)")
     parser.add_argument("--min-time", type=float, default=2.0, help="seconds of samples per op and case")
     parser.add_argument("--min-samples", type=int, default=15)
+    parser.add_argument("--pause", type=float, default=0.05,
+                        help="seconds between blocks, for the other op's threads to stop spinning (default %(default)s)")
     parser.add_argument("--seed", type=int, default=2025)
     parser.add_argument("--case", action="append", help="run only cases whose name contains this (repeatable)")
     parser.add_argument("--out", help="Markdown file (default bench/results/gqa-cpu-<UTC date>T<HHMM>Z.md; '-': stdout)")
@@ -194,7 +196,7 @@ def main():
         T = case.T
         cache_err = max(scaled_error(case.ak_k[:, :, :T], case.ort_k[:, :, :T]),
                         scaled_error(case.ak_v[:, :, :T], case.ort_v[:, :, :T]))
-        (t_ak, t_ort), (n_ak, n_ort) = time_pair([ak, ortr], args.min_time, args.min_samples)
+        (t_ak, t_ort), (n_ak, n_ort) = time_pair([ak, ortr], args.min_time, args.min_samples, pause=args.pause)
         row = dict(name=spec["name"], B=case.B, S=case.S, past=spec["past"], ak_ms=t_ak * 1e3, ort_ms=t_ort * 1e3,
                    ratio=t_ort / t_ak, err=err, cache_err=cache_err, samples=min(n_ak, n_ort),
                    ak_gbs=case.kv_bytes() / t_ak / 1e9, ort_gbs=case.kv_bytes() / t_ort / 1e9,
