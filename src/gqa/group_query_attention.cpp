@@ -71,12 +71,21 @@ std::string describe_call(const gqa::GqaPlan& g, const char* where, std::size_t 
 // quantizes, and what ONNX Runtime's rotary writes).
 void prepare_row(const gqa::GqaPlan& g, const void* base, std::int64_t index, const void* norm_weight,
                  std::int64_t position, float* row) {
-  for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = load_as_float(base, g.dtype, index + d);
+  // float32 rows are copied as they are and need no rounding (a prefill rotates tens of thousands of rows: the
+  // per-element type dispatch of the other types cost more than the rotation itself).
+  const bool f32 = g.dtype == DType::f32;
+  if (f32) {
+    std::memcpy(row, static_cast<const float*>(base) + index, static_cast<std::size_t>(g.head_size) * sizeof(float));
+  } else {
+    for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = load_as_float(base, g.dtype, index + d);
+  }
   if (g.qk_norm) gqa::rms_norm_row(row, g.head_size, norm_weight, g.dtype, g.norm_epsilon);
   if (g.rotary) {
     gqa::rotate_row(row, gqa::RotaryTables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved}, position);
   }
-  for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = round_to(g.dtype, row[d]);
+  if (!f32) {
+    for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = round_to(g.dtype, row[d]);
+  }
 }
 
 }  // namespace
@@ -287,7 +296,11 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
       for (std::int64_t h = 0; h < g.heads; ++h) {
         prepare_row(g, g.query, g.q_in.index(b, h, s), g.q_norm_weight, g.position(b, s), row);
         const std::int64_t at = ((b * g.seq + s) * g.heads + h) * g.head_size;
-        for (std::int64_t d = 0; d < g.head_size; ++d) store_from_float(q_prepared, g.dtype, at + d, row[d]);
+        if (g.dtype == DType::f32) {
+          std::memcpy(reinterpret_cast<float*>(q_prepared) + at, row, static_cast<std::size_t>(g.head_size) * sizeof(float));
+        } else {
+          for (std::int64_t d = 0; d < g.head_size; ++d) store_from_float(q_prepared, g.dtype, at + d, row[d]);
+        }
       }
     }
   }
@@ -312,6 +325,10 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
         past_v, g.present_value, g.shared, rows, b, h,
         [&](std::int64_t s, float* x) {
           const std::int64_t at = g.v_in.index(b, h, s);
+          if (g.dtype == DType::f32) {
+            std::memcpy(x, static_cast<const float*>(g.value) + at, static_cast<std::size_t>(g.head_size) * sizeof(float));
+            return;
+          }
           for (std::int64_t d = 0; d < g.head_size; ++d) x[d] = load_as_float(g.value, g.dtype, at + d);
         },
         row);

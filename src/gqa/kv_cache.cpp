@@ -38,6 +38,10 @@ void store_row(const float* x, const CacheFormat& format, const float* scales, s
   auto inverse = [&](std::int64_t d) { return core::inverse_scale(per_channel ? scales[d] : scales[0]); };
   switch (format.storage.type) {
     case KvType::Float:
+      if (format.dtype == DType::f32) {
+        std::memcpy(dst, x, static_cast<std::size_t>(n) * sizeof(float));
+        return;
+      }
       for (std::int64_t d = 0; d < n; ++d) store_from_float(dst, format.dtype, d, x[d]);
       return;
     case KvType::Int8: {
