@@ -92,6 +92,23 @@ void reject_device_pointers(const AttentionArgs& a) {
     if (cuda::is_device_pointer(ptr)) throw Error(name, "is CUDA device memory: run it with Backend::Cuda");
   }
 }
+
+// The CUDA backend's kernels read every buffer on the device: a host pointer is refused by name (a kernel would
+// fault on it, after the output may have been partly written).
+void require_device_pointers(const AttentionArgs& a) {
+  const std::pair<const char*, const void*> buffers[] = {
+      {"q", a.q.data},           {"k", a.k.data},
+      {"v", a.v.data},           {"o", a.o.data},
+      {"mask", a.mask.data},     {"key_lengths", a.key_lengths.data},
+      {"head_sink", a.head_sink.data}, {"causal_offsets", a.causal_offsets.data},
+      {"k_scale", a.k_scale.data}, {"v_scale", a.v_scale.data},
+      {"lse", a.lse.data},       {"scratch", a.scratch}};
+  for (const auto& [name, ptr] : buffers) {
+    if (ptr != nullptr && !cuda::is_device_pointer(ptr)) {
+      throw Error(name, "is host memory: the CUDA backend reads CUDA device (or managed) memory only");
+    }
+  }
+}
 }  // namespace
 
 Attention::Attention(const AttentionProblem& problem, const AttentionConfig& config) : impl_(std::make_unique<Impl>()) {
@@ -137,6 +154,7 @@ std::size_t Attention::scratch_bytes() const {
 void Attention::run(const AttentionArgs& args) {
   const AttentionProblem& p = impl_->problem;
   if (impl_->backend == Backend::Cuda) {
+    require_device_pointers(args);
     core::check_args(p, args, scratch_bytes(), /*host_key_lengths=*/false);
     void* scratch = args.scratch;
     const std::size_t need = impl_->cuda_plan.scratch_bytes;

@@ -191,6 +191,16 @@ TEST(CudaAttention, HostPointersOnTheCpuBackendAndDevicePointersRejectedThere) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "q");
   }
+  // And the other way round: host memory on the CUDA backend is refused by name before any kernel runs.
+  Attention gpu(data.problem(), AttentionConfig{Backend::Cuda, 0});
+  AttentionArgs host_q = dev.device_args();
+  host_q.q.data = data.args().q.data;
+  try {
+    gpu.run(host_q);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+  }
 }
 
 }  // namespace
