@@ -8,6 +8,7 @@
 // of a quad: two xor-shuffles), P is rounded to the element type in registers and fed straight back as the A
 // operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree. Accumulation is
 // float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
+#include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 
 #include <cuda_bf16.h>
@@ -24,30 +25,6 @@ constexpr int kRows = 64;
 __host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : 64; }
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr float kLog2e = 1.4426950408889634f;
-
-template <class T>
-struct Pack2;
-template <>
-struct Pack2<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
-    const __half2 h = __floats2half2_rn(a, b);
-    ra = __low2float(h);
-    rb = __high2float(h);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
-  }
-};
-template <>
-struct Pack2<__nv_bfloat16> {
-  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    ra = __low2float(h);
-    rb = __high2float(h);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
-  }
-};
-
 template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
 template <>
@@ -111,13 +88,6 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
   if (std::is_same_v<S, T>) return tiles + rows;
   return tiles + rows + 2 * head_dim * sizeof(float) +
          4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
-}
-
-// Packs two floats into the element type's pair (round to nearest).
-template <class T>
-__device__ __forceinline__ std::uint32_t pack_pair(float a, float b) {
-  float ra, rb;
-  return Pack2<T>::pack(a, b, ra, rb);
 }
 
 // Stored integers as exact pairs of the element type (every int8 and int4 value is exact in float16 and
@@ -186,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   float* v_scales = k_scales + D;
   auto* raw_k = reinterpret_cast<std::byte*>(v_scales + D);     // quantized: [2][kTileKeys][kRawRow]
   std::byte* raw_v = raw_k + 2 * kTileKeys * kRawRow;
-  __shared__ int tile_lo, tile_hi;
+  __shared__ int lo_hi[2];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -199,38 +169,9 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   const T* q = static_cast<const T*>(p.q);
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 
-  if (tid == 0) {
-    tile_lo = static_cast<int>(c.key_end);
-    tile_hi = static_cast<int>(c.key_begin);
-  }
-  __syncthreads();
-  if (tid < kRows) {
-    int head = 0, query = 0, begin = 0, end = 0;
-    if (tid < rows) {
-      const std::int64_t pair = first_row + tid;
-      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
-      query = static_cast<int>(pair % p.q_len);
-      const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
-      begin = static_cast<int>(max64(r.begin, c.key_begin));
-      end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
-      if (begin < end) {
-        atomicMin(&tile_lo, begin);  // a min/max of integers: the order cannot change the result
-        atomicMax(&tile_hi, end);
-      }
-    }
-    row_head[tid] = head;
-    row_query[tid] = query;
-    row_begin[tid] = begin;
-    row_end[tid] = end;
-  }
-  __syncthreads();
-  const int lo = tile_lo, hi = tile_hi;
-  // Keys every row of the block sees: tiles inside [all_begin, all_end) need no per-element visibility test.
-  int all_begin = 0, all_end = 0x7fffffff;
-  for (int r = 0; r < rows; ++r) {
-    all_begin = max(all_begin, row_begin[r]);
-    all_end = min(all_end, row_end[r]);
-  }
+  const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
+  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length, tables);
+  const int lo = keys.lo, hi = keys.hi;
 
   // Q rows into shared memory (zeros for padded rows).
   for (int e = tid; e < kRows * kChunks; e += kThreads) {
@@ -308,9 +249,6 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 
   // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1}.
   const int r0 = warp * 16 + lane / 4;
-  const float scale = p.transform.scale;
-  const float softcap = p.transform.softcap;
-  const float scale_over_cap = softcap > 0.0f ? scale / softcap : 0.0f;
   float o[D / 8][4];
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
@@ -368,78 +306,16 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
       }
     }
 
-    // Scores: scale (and softcap, mask, visibility where the tile needs them), then the online softmax. The
-    // rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
-    // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
-    const bool full = n == kTileKeys && !p.has_mask && all_begin <= k0 && all_end >= k0 + kTileKeys;
-    if (softcap > 0.0f) {
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale_over_cap);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= scale;
-    }
-    if (!full) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = r0 + half * 8;
-        const int begin = r < rows ? row_begin[r] : 0;
-        const int end = r < rows ? row_end[r] : 0;
-        const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, row_head[r], row_query[r]) : -1;
-#pragma unroll
-        for (int j = 0; j < kTileKeys / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = j * 8 + (lane % 4) * 2 + e;
-            const std::int64_t key = k0 + col;
-            const bool seen = col < n && key >= begin && key < end;
-            float& x = s[j][half * 2 + e];
-            x = seen ? (mask_row >= 0 ? x + load_mask(p, mask_row + key) : x) : core::kNegInf;
-          }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = core::kNegInf;
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[half], tile_max);
-      const float alpha = core::rescale_factor(row_max[half], new_max);
-      row_max[half] = new_max;
-      row_sum[half] *= alpha;
-      // Most tiles after the first leave every row's max where it was: skip the rescale then (warp-uniform).
-      if (!__all_sync(0xffffffffu, alpha == 1.0f)) {
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
-          o[t][half * 2] *= alpha;
-          o[t][half * 2 + 1] *= alpha;
-        }
-      }
-      const float shift = core::usable_max(new_max) * kLog2e;
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
-    }
+    const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
+    transform_scores<kTileKeys>(s, p, c, tables, r0, rows, k0, n, full);
+    softmax_step<kTileKeys, D>(s, o, row_max, row_sum);
 
-    // P (rounded to T) as the A operand; the normaliser sums the rounded values. O += P V.
+    // P (rounded to T) as the A operand; O += P V.
     float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int kk = 0; kk < kTileKeys / 16; ++kk) {
       std::uint32_t a[4];
-      float rounded[8];
-      a[0] = Pack2<T>::pack(s[2 * kk][0], s[2 * kk][1], rounded[0], rounded[1]);
-      a[1] = Pack2<T>::pack(s[2 * kk][2], s[2 * kk][3], rounded[2], rounded[3]);
-      a[2] = Pack2<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1], rounded[4], rounded[5]);
-      a[3] = Pack2<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3], rounded[6], rounded[7]);
-      tile_sum[0] += (rounded[0] + rounded[1]) + (rounded[4] + rounded[5]);
-      tile_sum[1] += (rounded[2] + rounded[3]) + (rounded[6] + rounded[7]);
+      pack_probabilities<T, kTileKeys>(s, kk, a, tile_sum);
 #pragma unroll
       for (int t = 0; t < D / 8; t += 2) {
         std::uint32_t b[4];
@@ -448,51 +324,15 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
         mma16816<T>(o[t + 1], a, b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 1);
-      tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 2);
-      row_sum[half] += tile_sum[half];
-    }
+    add_tile_sums(tile_sum, row_sum);
     }
     cp_async_wait_all();
     __syncthreads();
     buffer ^= 1;
   }
 
-  // Finish: normalise and write (or leave the split-K partial). A NaN sum means a NaN or +inf score.
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r0 + half * 8;
-    if (r >= rows) continue;
-    const bool poisoned = isnan(row_sum[half]);
-    if (p.partial != nullptr) {
-      float* part = p.partial + (block * kRows + r) * (3 + D);
-      if (lane % 4 == 0) {
-        part[0] = row_max[half];
-        part[1] = row_sum[half];
-        part[2] = poisoned ? 1.0f : 0.0f;
-      }
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t) {
-        const int col = t * 8 + (lane % 4) * 2;
-        part[3 + col] = o[t][half * 2] * v_scale_at(col);
-        part[3 + col + 1] = o[t][half * 2 + 1] * v_scale_at(col + 1);
-      }
-      continue;
-    }
-    const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, p.has_sink,
-                                                 p.has_sink ? p.sinks[row_head[r]] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row_head[r], row_query[r]);
-#pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const int col = t * 8 + (lane % 4) * 2;
-      out[col] = from_float<T>(finished_value(fin, o[t][half * 2] * v_scale_at(col)));
-      out[col + 1] = from_float<T>(finished_value(fin, o[t][half * 2 + 1] * v_scale_at(col + 1)));
-    }
-    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row_head[r], row_query[r])] = fin.lse;
-  }
+  finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
 }
 
 template <class T, int D, class S>

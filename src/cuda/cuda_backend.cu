@@ -34,12 +34,18 @@ bool layout_aligned16(const Layout& l) {
 }
 bool pointer_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-int device_sm_count() {
+int device_attribute(cudaDeviceAttr attr) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
+  int value = 0;
+  check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+// The wgmma kernel is built for sm_90a, which runs on compute capability 9.0 only.
+bool device_is_sm90() {
+  return device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
 KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, float* partial) {
@@ -126,7 +132,16 @@ bool mma_aligned(const Layout& l, KvType type) {
   return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
 }
 
-CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, bool allow_decode) {
+// ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan: switches for
+// benchmarks and tests that compare them with the mma.sync kernel on the same shapes, not tuning knobs.
+bool env_enabled(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
+// allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
+// only the run sees; the run falls back to the plan without them).
+CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, bool allow_special) {
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   const bool decode_ok = decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                          decode_aligned(p.k, p.k_storage.type, p.dtype) &&
@@ -137,25 +152,35 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // Tensor cores first wherever they apply: even a decode step with 4 of a tile's 64 rows used reads the cache
   // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
   // leave it compute-bound (docs/benchmarks.md).
+  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel.
+  static const bool warpgroup_enabled = env_enabled("ATTNKIT_CUDA_WGMMA");
+  if (allow_special && warpgroup_enabled && group_rows > kRowBlock &&
+      warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+      layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90()) {
+    return CudaPlan::Kernel::Warpgroup;
+  }
   if (mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
       layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)) {
     return CudaPlan::Kernel::TensorCore;
   }
-  if (allow_decode && decode_ok && group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
+  static const bool decode_enabled = env_enabled("ATTNKIT_CUDA_DECODE");
+  if (allow_special && decode_enabled && decode_ok &&
+      group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
   }
   return CudaPlan::Kernel::Simt;
 }
 
-CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
+CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   CudaPlan plan;
-  plan.sm_count = device_sm_count();
+  plan.sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
-  plan.kernel = choose_kernel(p, plan.group_rows, allow_decode);
+  plan.kernel = choose_kernel(p, plan.group_rows, allow_special);
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
-  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? static_cast<int>(p.head_dim) : 0;
-  plan.row_block = decode ? kDecodeRows : kRowBlock;
+  const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
+  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
+  plan.row_block = decode ? kDecodeRows : warpgroup ? kWarpgroupRows : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -179,6 +204,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
   plan.blocks = base_blocks * plan.splits;
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
+                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =
       plan.splits > 1
@@ -190,31 +216,22 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_decode) {
 
 }  // namespace
 
-// ATTNKIT_CUDA_DECODE=0 keeps the decode kernel out of every plan: a switch for benchmarks that compare it
-// with the tile kernels on the same shapes, not a tuning knob.
-bool decode_kernel_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("ATTNKIT_CUDA_DECODE");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return enabled;
-}
-
 CudaPlan plan(const AttentionProblem& p) {
   if (!available()) throw Error("config.backend", "no CUDA device is present");
-  CudaPlan plan = plan_for(p, decode_kernel_enabled());
-  if (plan.kernel == CudaPlan::Kernel::Decode) {
-    // Rows that do not start on the decode kernel's load width (an odd base pointer, seen only at run time)
-    // take the tile kernels' plan instead: the scratch covers both.
+  CudaPlan plan = plan_for(p, true);
+  if (plan.kernel == CudaPlan::Kernel::Decode || plan.kernel == CudaPlan::Kernel::Warpgroup) {
+    // Rows that do not start on the decode / wgmma kernel's load width (an odd base pointer, seen only at run
+    // time) take the mma.sync / SIMT plan instead: the scratch covers both.
     plan.scratch_bytes = std::max(plan.scratch_bytes, plan_for(p, false).scratch_bytes);
   }
   return plan;
 }
 
 std::string describe(const CudaPlan& plan) {
-  const char* kernel = plan.kernel == CudaPlan::Kernel::Simt     ? "simt"
-                       : plan.kernel == CudaPlan::Kernel::Decode ? "decode"
-                                                                 : "tensor-core";
+  const char* kernel = plan.kernel == CudaPlan::Kernel::Simt        ? "simt"
+                       : plan.kernel == CudaPlan::Kernel::Decode    ? "decode"
+                       : plan.kernel == CudaPlan::Kernel::Warpgroup ? "wgmma"
+                                                                    : "tensor-core";
   std::string s = std::string("cuda.") + kernel + " " +
                   std::to_string(plan.blocks) + " blocks of " + std::to_string(plan.row_block) + " rows, " +
                   std::to_string(plan.smem_bytes) + " B shared, " + std::to_string(plan.sm_count) + " SMs";
@@ -229,7 +246,10 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
   const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
-  const CudaPlan plan = chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits ? plan_for(p, false) : chosen;
+  const bool warpgroup_fits = decode_fits && pointer_aligned16(a.q.data);
+  const bool falls_back = (chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits) ||
+                          (chosen.kernel == CudaPlan::Kernel::Warpgroup && !warpgroup_fits);
+  const CudaPlan plan = falls_back ? plan_for(p, false) : chosen;
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
   if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
     // The lengths live on the device: check them there, before any output is written.
@@ -263,6 +283,8 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
+    } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
+      launch_warpgroup(params, p.dtype, blocks, stream);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
     } else {

@@ -1,0 +1,240 @@
+// The online softmax on tensor-core accumulator fragments, shared by the tile kernels (attention_mma.cu with
+// mma.sync, attention_wgmma.cu with Hopper's wgmma). Both hold a warp's 16 rows of scores in the m16n8
+// accumulator layout: a thread has rows r0 = 16 warp + lane / 4 and r0 + 8, columns 8 j + 2 (lane % 4) + {0, 1}
+// as s[j][0..1] (row r0) and s[j][2..3] (row r0 + 8); a row is spread over the 4 lanes of a quad. The same
+// layout is the A operand of P V once P is rounded to the element type, so P never leaves registers.
+#pragma once
+
+#include "kernel_params.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace attnkit::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Two floats rounded to the element type's pair (round to nearest); also returns the rounded values.
+template <class T>
+struct Pack2;
+template <>
+struct Pack2<__half> {
+  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __half2 h = __floats2half2_rn(a, b);
+    ra = __low2float(h);
+    rb = __high2float(h);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+template <>
+struct Pack2<__nv_bfloat16> {
+  static __device__ __forceinline__ std::uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    ra = __low2float(h);
+    rb = __high2float(h);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+template <class T>
+__device__ __forceinline__ std::uint32_t pack_pair(float a, float b) {
+  float ra, rb;
+  return Pack2<T>::pack(a, b, ra, rb);
+}
+
+// A block's rows in shared memory: (head, query) of each row and the key range [begin, end) it sees.
+struct RowTables {
+  int* head;
+  int* query;
+  int* begin;
+  int* end;
+  int* lo_hi;  // 2 ints: the union of the rows' visible ranges within the block's key range
+};
+
+// Where a block's keys go: [lo, hi) is every key some row sees, [all_begin, all_end) the keys all rows see
+// (tiles inside it need no per-element visibility test).
+struct BlockKeys {
+  int lo, hi, all_begin, all_end;
+};
+
+// Fills the row tables (threads < kRows) for the rows [first_row, first_row + rows) of the block. Call with the
+// whole block; it synchronises.
+template <int kRows>
+__device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const BlockCoord& c, std::int64_t first_row,
+                                                int rows, std::int64_t key_length, const RowTables& t) {
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    t.lo_hi[0] = static_cast<int>(c.key_end);
+    t.lo_hi[1] = static_cast<int>(c.key_begin);
+  }
+  __syncthreads();
+  if (tid < kRows) {
+    int head = 0, query = 0, begin = 0, end = 0;
+    if (tid < rows) {
+      const std::int64_t pair = first_row + tid;
+      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
+      query = static_cast<int>(pair % p.q_len);
+      const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
+      begin = static_cast<int>(max64(r.begin, c.key_begin));
+      end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
+      if (begin < end) {
+        atomicMin(&t.lo_hi[0], begin);  // a min/max of integers: the order cannot change the result
+        atomicMax(&t.lo_hi[1], end);
+      }
+    }
+    t.head[tid] = head;
+    t.query[tid] = query;
+    t.begin[tid] = begin;
+    t.end[tid] = end;
+  }
+  __syncthreads();
+  BlockKeys k{t.lo_hi[0], t.lo_hi[1], 0, 0x7fffffff};
+  for (int r = 0; r < rows; ++r) {
+    k.all_begin = max(k.all_begin, t.begin[r]);
+    k.all_end = min(k.all_end, t.end[r]);
+  }
+  return k;
+}
+
+// Scores of a tile of kCols keys starting at key k0 (n of them real): scale (or softcap), then, unless the
+// tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
+// The rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
+// visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
+template <int kCols>
+__device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
+                                                 const RowTables& t, int r0, int rows, std::int64_t k0, int n,
+                                                 bool full) {
+  const int lane = threadIdx.x % 32;
+  const float scale = p.transform.scale;
+  const float softcap = p.transform.softcap;
+  if (softcap > 0.0f) {
+    const float scale_over_cap = scale / softcap;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale_over_cap);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= scale;
+  }
+  if (full) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + half * 8;
+    const int begin = r < rows ? t.begin[r] : 0;
+    const int end = r < rows ? t.end[r] : 0;
+    const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, t.head[r], t.query[r]) : -1;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = j * 8 + (lane % 4) * 2 + e;
+        const std::int64_t key = k0 + col;
+        const bool seen = col < n && key >= begin && key < end;
+        float& x = s[j][half * 2 + e];
+        x = seen ? (mask_row >= 0 ? x + load_mask(p, mask_row + key) : x) : core::kNegInf;
+      }
+  }
+}
+
+// The online softmax step for one tile: new row maxima, the accumulator o rescaled when a maximum moved, and
+// s replaced by exp(s - max) (unrounded).
+template <int kCols, int kOutCols>
+__device__ __forceinline__ void softmax_step(float (&s)[kCols / 8][4], float (&o)[kOutCols / 8][4],
+                                             float (&row_max)[2], float (&row_sum)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = core::kNegInf;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float new_max = fmaxf(row_max[half], tile_max);
+    const float alpha = core::rescale_factor(row_max[half], new_max);
+    row_max[half] = new_max;
+    row_sum[half] *= alpha;
+    // Most tiles after the first leave every row's max where it was: skip the rescale then (warp-uniform).
+    if (!__all_sync(0xffffffffu, alpha == 1.0f)) {
+#pragma unroll
+      for (int t = 0; t < kOutCols / 8; ++t) {
+        o[t][half * 2] *= alpha;
+        o[t][half * 2 + 1] *= alpha;
+      }
+    }
+    const float shift = core::usable_max(new_max) * kLog2e;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
+  }
+}
+
+// P for keys [16 kk, 16 kk + 16) of the tile, rounded to T, as the A operand of P V; adds the rounded values to
+// the per-thread tile sums (the normaliser sums exactly what the numerator multiplies).
+template <class T, int kCols>
+__device__ __forceinline__ void pack_probabilities(const float (&s)[kCols / 8][4], int kk, std::uint32_t (&a)[4],
+                                                   float (&tile_sum)[2]) {
+  float rounded[8];
+  a[0] = Pack2<T>::pack(s[2 * kk][0], s[2 * kk][1], rounded[0], rounded[1]);
+  a[1] = Pack2<T>::pack(s[2 * kk][2], s[2 * kk][3], rounded[2], rounded[3]);
+  a[2] = Pack2<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1], rounded[4], rounded[5]);
+  a[3] = Pack2<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3], rounded[6], rounded[7]);
+  tile_sum[0] += (rounded[0] + rounded[1]) + (rounded[4] + rounded[5]);
+  tile_sum[1] += (rounded[2] + rounded[3]) + (rounded[6] + rounded[7]);
+}
+
+// The quad's tile sums into each row's running sum.
+__device__ __forceinline__ void add_tile_sums(float (&tile_sum)[2], float (&row_sum)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 1);
+    tile_sum[half] += __shfl_xor_sync(0xffffffffu, tile_sum[half], 2);
+    row_sum[half] += tile_sum[half];
+  }
+}
+
+// Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
+// rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
+template <class T, int D, int kRows, class VScale>
+__device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCoord& c, const RowTables& t,
+                                            std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
+                                            const float (&row_max)[2], const float (&row_sum)[2],
+                                            VScale v_scale) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + half * 8;
+    if (r >= rows) continue;
+    const bool poisoned = isnan(row_sum[half]);
+    if (p.partial != nullptr) {
+      float* part = p.partial + (block * kRows + r) * (3 + D);
+      if (lane % 4 == 0) {
+        part[0] = row_max[half];
+        part[1] = row_sum[half];
+        part[2] = poisoned ? 1.0f : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        part[3 + col] = o[j][half * 2] * v_scale(col);
+        part[3 + col + 1] = o[j][half * 2 + 1] * v_scale(col + 1);
+      }
+      continue;
+    }
+    const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, p.has_sink,
+                                                 p.has_sink ? p.sinks[t.head[r]] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, t.head[r], t.query[r]);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      out[col] = from_float<T>(finished_value(fin, o[j][half * 2] * v_scale(col)));
+      out[col + 1] = from_float<T>(finished_value(fin, o[j][half * 2 + 1] * v_scale(col + 1)));
+    }
+    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, t.head[r], t.query[r])] = fin.lse;
+  }
+}
+
+}  // namespace attnkit::cuda

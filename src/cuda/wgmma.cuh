@@ -1,0 +1,120 @@
+// Hopper's warpgroup MMA (sm_90a), as the tile kernels use it: shared-memory matrix descriptors with the
+// 128-byte swizzle, the fence / commit / wait protocol, and m64nNk16 float16 / bfloat16 MMAs with float32
+// accumulators for N = 64 and 128. Accumulators are the m16n8 fragments of fragment_softmax.cuh, one warp's 16
+// rows each: d[j][0..3] holds columns 8 j + 2 (lane % 4) + {0, 1} of rows lane / 4 and lane / 4 + 8.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace attnkit::cuda::sm90 {
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A matrix in shared memory (PTX ISA, "Matrix Descriptor Format"): start address, leading and stride byte
+// offsets in 16-byte units, layout 1 = 128-byte swizzle. The swizzle XORs address bits [4, 7) with bits [7, 10),
+// so a start address moved by whole 16-byte chunks inside a 1024-byte-aligned pattern stays valid.
+__device__ __forceinline__ std::uint64_t swizzle128_desc(std::uint32_t addr, std::uint32_t leading_bytes,
+                                                          std::uint32_t stride_bytes) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) |
+         static_cast<std::uint64_t>((leading_bytes >> 4) & 0x3FFFu) << 16 |
+         static_cast<std::uint64_t>((stride_bytes >> 4) & 0x3FFFu) << 32 | (1ull << 62);
+}
+
+// Before the first MMA that reads registers written by ordinary instructions (accumulators, A fragments).
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared memory written through the generic proxy (st.shared, cp.async) becomes visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// The compiler sees an MMA's registers only at the asm statement, not while it runs: after a wait, these tie
+// every accumulator / operand register to that point, so no read moves before it and no register is reused
+// while an MMA may still read it.
+template <int J>
+__device__ __forceinline__ void pin(float (&d)[J][4]) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+template <int J>
+__device__ __forceinline__ void pin(std::uint32_t (&a)[J][4]) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
+// ss: D (+)= A B with A (64 x 16) and B (16 x N) both K-major in shared memory (S = Q Kᵀ).
+// rs: D += A B with A (64 x 16) in registers (the m16n8k16 A fragment of each warp) and B N-major in shared
+//     memory (O += P V, V stored key-major).
+// accumulate = 0 ignores D's old value (the first k-step of S).
+template <class T, int N>
+struct Wgmma;
+
+#define ATTNKIT_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define ATTNKIT_ACC8(d, j)                                                                                       \
+  ATTNKIT_ACC4(d, j + 0), ATTNKIT_ACC4(d, j + 1), ATTNKIT_ACC4(d, j + 2), ATTNKIT_ACC4(d, j + 3),               \
+      ATTNKIT_ACC4(d, j + 4), ATTNKIT_ACC4(d, j + 5), ATTNKIT_ACC4(d, j + 6), ATTNKIT_ACC4(d, j + 7)
+#define ATTNKIT_REGS32                                                                                           \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "   \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define ATTNKIT_REGS64                                                                                           \
+  ATTNKIT_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+                 "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+#define ATTNKIT_DEFINE_WGMMA(CT, PT)                                                                            \
+  template <>                                                                                                   \
+  struct Wgmma<CT, 64> {                                                                                        \
+    static __device__ __forceinline__ void ss(float (&d)[8][4], std::uint64_t a, std::uint64_t b, int accumulate) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " {" ATTNKIT_REGS32                \
+                   "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                          \
+                   : ATTNKIT_ACC8(d, 0)                                                                        \
+                   : "l"(a), "l"(b), "r"(accumulate));                                                         \
+    }                                                                                                           \
+    static __device__ __forceinline__ void rs(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " {" ATTNKIT_REGS32                \
+                   "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
+                   : ATTNKIT_ACC8(d, 0)                                                                        \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                              \
+    }                                                                                                           \
+  };                                                                                                            \
+  template <>                                                                                                   \
+  struct Wgmma<CT, 128> {                                                                                       \
+    static __device__ __forceinline__ void ss(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int accumulate) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PT "." PT " {" ATTNKIT_REGS64               \
+                   "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
+                   : ATTNKIT_ACC8(d, 0), ATTNKIT_ACC8(d, 8)                                                    \
+                   : "l"(a), "l"(b), "r"(accumulate));                                                         \
+    }                                                                                                           \
+    static __device__ __forceinline__ void rs(float (&d)[16][4], const std::uint32_t (&a)[4], std::uint64_t b) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PT "." PT " {" ATTNKIT_REGS64               \
+                   "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                          \
+                   : ATTNKIT_ACC8(d, 0), ATTNKIT_ACC8(d, 8)                                                    \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                              \
+    }                                                                                                           \
+  };
+
+ATTNKIT_DEFINE_WGMMA(__half, "f16")
+ATTNKIT_DEFINE_WGMMA(__nv_bfloat16, "bf16")
+
+#undef ATTNKIT_DEFINE_WGMMA
+#undef ATTNKIT_REGS64
+#undef ATTNKIT_REGS32
+#undef ATTNKIT_ACC8
+#undef ATTNKIT_ACC4
+
+}  // namespace attnkit::cuda::sm90
