@@ -1,177 +1,285 @@
-// The Hopper tensor-core attention kernel (sm_90a: wgmma) for float16 / bfloat16, head dims 64 and 128, K and
-// V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
+// The Hopper tensor-core attention kernel (sm_90a: wgmma, TMA) for float16 / bfloat16, head dims 64 and 128, K
+// and V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
 //
-// A block owns 128 rows ((head, query) pairs of one K/V head) as two warpgroups of 64 rows and walks its key
-// range in tiles of 128 keys, double-buffered in shared memory by cp.async. Q, K and V are stored in wgmma's
-// 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks of a row XOR-ed with row % 8), so
-// S = Q Kᵀ reads both operands straight from shared memory through descriptors (no ldmatrix, no register
-// copies of Q or K), and O += P V takes P from registers (S's accumulator layout is the A-operand layout,
-// fragment_softmax.cuh) and V from shared memory as an N-major operand. The scores, the online softmax and
-// the finish are fragment_softmax.cuh's, the same code as the mma.sync kernel: float32 accumulation, the
-// normaliser sums the rounded P, no atomics, bit-identical runs.
+// A block owns 128 rows ((head, query) pairs of one K/V head): two consumer warpgroups of 64 rows and one
+// producer warpgroup (one thread issues the copies; its registers go to the consumers). The producer streams the block's key range in tiles of 128 keys through two K and two V
+// slots with TMA (each slot has a "full" barrier the TMA completes and an "empty" one the consumers' warps
+// arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks
+// of a row XOR-ed with row % 8; Q is copied the same way once), so S = Q Kᵀ reads both operands straight from
+// shared memory, and O += P V takes P from registers (S's accumulator layout is the A-operand layout) and V
+// from shared memory as an N-major operand.
+//
+// The two consumer warpgroups take turns on the tensor cores (named barriers): each issues S_t = Q K_tᵀ and the
+// previous tile's O += P_{t-1} V_{t-1} back to back, hands over, and then runs tile t's softmax while the other
+// warpgroup's MMAs run. The scores, the online softmax and the finish are fragment_softmax.cuh's, the same code
+// as the mma.sync kernel: float32 accumulation, the normaliser sums the rounded P, no atomics, bit-identical runs.
 #include "fragment_softmax.cuh"
+#include "hopper.cuh"
 #include "kernel_launchers.hpp"
-#include "wgmma.cuh"
+
+#include <cudaTypedefs.h>
 
 namespace attnkit::cuda {
 namespace {
 
-constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 warpgroups x 64
+constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
 constexpr int kTileKeys = 128;
-constexpr int kThreads = 256;
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [D / 64][rows][64] tile of a 2-byte type with the
-// 128-byte swizzle (every 64-column block is rows x 128 bytes; 8 rows make one 1024-byte pattern).
-__device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
-  return ((chunk / 8) * rows + row) * 128 + (((chunk % 8) ^ (row % 8)) * 16);
-}
-#endif
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
+constexpr int kSlots = 2;  // K and V tiles in flight
+[[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
+// Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
+[[maybe_unused]] constexpr int kProducerRegisters = 24;
+[[maybe_unused]] constexpr int kConsumerRegisters = 240;
+// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 and 4 their own zero-fill barrier.
+[[maybe_unused]] constexpr int kTurnBarrier = 1;
+[[maybe_unused]] constexpr int kZeroFillBarrier = 3;
 
 template <int D>
 constexpr std::size_t tile_bytes(int rows) {
   return static_cast<std::size_t>(rows) * D * 2;
 }
-// Q, two K and two V tiles, the row tables, and 1024 bytes to align the tiles on the swizzle pattern.
+// Q, the K and V slots, their barriers, the row tables, and 1024 bytes to align the tiles on the swizzle pattern.
 template <int D>
 constexpr std::size_t smem_bytes_for() {
-  return 1024 + tile_bytes<D>(kRows) + 4 * tile_bytes<D>(kTileKeys) + (4 * kRows + 2) * sizeof(int);
+  return 1024 + tile_bytes<D>(kRows) + 2 * kSlots * tile_bytes<D>(kTileKeys) + 4 * kSlots * sizeof(std::uint64_t) +
+         (4 * kRows + 2) * sizeof(int);
 }
 
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [D / 64][rows][64] tile of a 2-byte type with the
+// 128-byte swizzle (every 64-column block is rows x 128 bytes; 8 rows make one 1024-byte pattern). TMA writes
+// K and V tiles in this layout itself (CU_TENSOR_MAP_SWIZZLE_128B).
+__device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
+  return ((chunk / 8) * rows + row) * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+#endif
+
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
-  std::uint8_t* const qs = base;                               // [D / 64][kRows][64]
-  std::uint8_t* const ks = qs + tile_bytes<D>(kRows);          // [2][D / 64][kTileKeys][64]
-  std::uint8_t* const vs = ks + 2 * kTileBytes;                // [2][D / 64][kTileKeys][64]
-  int* const tables_mem = reinterpret_cast<int*>(vs + 2 * kTileBytes);
+  std::uint8_t* const qs = base;                                   // [D / 64][kRows][64]
+  std::uint8_t* const ks = qs + tile_bytes<D>(kRows);              // [kSlots][D / 64][kTileKeys][64]
+  std::uint8_t* const vs = ks + kSlots * kTileBytes;               // [kSlots][D / 64][kTileKeys][64]
+  auto* const bars = reinterpret_cast<std::uint64_t*>(vs + kSlots * kTileBytes);
+  std::uint64_t* const k_full = bars;
+  std::uint64_t* const v_full = bars + kSlots;
+  std::uint64_t* const k_empty = bars + 2 * kSlots;
+  std::uint64_t* const v_empty = bars + 3 * kSlots;
+  int* const tables_mem = reinterpret_cast<int*>(bars + 4 * kSlots);
   const RowTables tables{tables_mem, tables_mem + kRows, tables_mem + 2 * kRows, tables_mem + 3 * kRows,
                          tables_mem + 4 * kRows};
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int warpgroup = warp / 4;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
-  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+  if (tid == 0) {
+    for (int i = 0; i < kSlots; ++i) {
+      sm90::mbarrier_init(&k_full[i], 1);
+      sm90::mbarrier_init(&v_full[i], 1);
+      sm90::mbarrier_init(&k_empty[i], kConsumerWarps);
+      sm90::mbarrier_init(&v_empty[i], kConsumerWarps);
+    }
+    sm90::fence_barrier_init();
+  }
+  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
   const int lo = keys.lo, hi = keys.hi;
+  // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
+  const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
+  const int tiles = (hi - first_tile + kTileKeys - 1) / kTileKeys;
 
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
-  for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows)
+  for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows), by every thread
     const int r = e / kChunks, ch = e % kChunks;
     cp_async16(qs + swizzled_chunk(kRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
                r < rows);
-  }
-  // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row.
-  const T* k_head = static_cast<const T*>(p.k) + p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride +
-                    (tid % kChunks) * 8;
-  const T* v_head = static_cast<const T*>(p.v) + p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride +
-                    (tid % kChunks) * 8;
-  auto load_kv = [&](int buffer, std::int64_t k0, int n) {
-#pragma unroll
-    for (int j = tid / kChunks; j < kTileKeys; j += kThreads / kChunks) {
-      const bool valid = j < n;
-      const std::int64_t key = valid ? k0 + j : k0;
-      const int at = buffer * kTileBytes + swizzled_chunk(kTileKeys, j, tid % kChunks);
-      cp_async16(ks + at, k_head + key * p.lk.row_stride, valid);
-      cp_async16(vs + at, v_head + key * p.lv.row_stride, valid);
-    }
-  };
-
-  // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8 (warpgroup g has rows [64 g, 64 g + 64)).
-  const int r0 = warp * 16 + lane / 4;
-  float o[D / 8][4];
-#pragma unroll
-  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-  float row_max[2] = {core::kNegInf, core::kNegInf};
-  float row_sum[2] = {0.0f, 0.0f};
-
-  const std::int64_t first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
-  if (first_tile < hi) {
-    const std::int64_t k0 = max64(first_tile, lo);
-    load_kv(0, k0, static_cast<int>(min64(first_tile + kTileKeys, hi) - k0));
   }
   cp_async_commit();
   cp_async_wait_all();
   sm90::fence_proxy_async();
   __syncthreads();
 
-  // A warpgroup whose 64 rows are all padding only helps copy tiles (wgmma needs all 4 of its warps).
-  const bool active = warpgroup * 64 < rows;
+  if (warp < 4) {  // the producer warpgroup: one thread drives the TMA
+    sm90::set_max_registers_dec<kProducerRegisters>();
+    if (tid == 0) {
+      for (int t = 0; t < tiles; ++t) {
+        const int slot = t % kSlots;
+        const unsigned parity = (t / kSlots) % 2;
+        const int t0 = first_tile + t * kTileKeys;
+        sm90::mbarrier_wait(&k_empty[slot], parity ^ 1);
+        sm90::mbarrier_arrive_expect(&k_full[slot], kTileBytes);
+#pragma unroll
+        for (int b = 0; b < D / 64; ++b) {
+          sm90::tma_load_4d(ks + slot * kTileBytes + b * kTileKeys * 128, &maps.k, b * 64, t0, static_cast<int>(c.kvh),
+                            static_cast<int>(c.b), &k_full[slot]);
+        }
+        sm90::mbarrier_wait(&v_empty[slot], parity ^ 1);
+        sm90::mbarrier_arrive_expect(&v_full[slot], kTileBytes);
+#pragma unroll
+        for (int b = 0; b < D / 64; ++b) {
+          sm90::tma_load_4d(vs + slot * kTileBytes + b * kTileKeys * 128, &maps.v, b * 64, t0, static_cast<int>(c.kvh),
+                            static_cast<int>(c.b), &v_full[slot]);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
+  // rows [64 g, 64 g + 64)).
+  sm90::set_max_registers_inc<kConsumerRegisters>();
+  const int warpgroup = warp / 4 - 1;
+  const int wg_thread = tid % 128;
+  const int r0 = (warp - 4) * 16 + lane / 4;
+  float o[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float row_max[2] = {core::kNegInf, core::kNegInf};
+  float row_sum[2] = {0.0f, 0.0f};
+  float alpha[2] = {1.0f, 1.0f};
+  std::uint32_t a[kTileKeys / 16][4];  // P of the previous tile, until its MMA is done
   const std::uint32_t q_addr = sm90::smem_u32(qs) + warpgroup * 64 * 128;
-  int buffer = 0;
-  for (std::int64_t t0 = first_tile; t0 < hi; t0 += kTileKeys) {
-    const std::int64_t k0 = max64(t0, lo);
-    const int n = static_cast<int>(min64(t0 + kTileKeys, hi) - k0);
-    if (t0 + kTileKeys < hi) {  // prefetch the next tile into the other buffer
-      const std::int64_t nk0 = t0 + kTileKeys;
-      load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kTileKeys, hi) - nk0));
-    }
-    cp_async_commit();
-    if (active) {
-      const std::uint32_t k_addr = sm90::smem_u32(ks + buffer * kTileBytes);
-      const std::uint32_t v_addr = sm90::smem_u32(vs + buffer * kTileBytes);
-      // S = Q Kᵀ: 64 rows x 128 keys, D / 16 k-steps; a k-step is 32 bytes into a 128-byte row of a 64-column
-      // block, 8-row groups 1024 bytes apart.
-      float s[kTileKeys / 8][4];
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      sm90::fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t at = (kk % 4) * 32;
-        sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kRows * 128 + at, 16, 1024),
-                                      sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024),
-                                      kk > 0);
-      }
-      sm90::commit();
-      sm90::wait<0>();
-      sm90::pin(s);
 
-      const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
-      transform_scores<kTileKeys>(s, p, c, tables, r0, rows, k0, n, full);
-      softmax_step<kTileKeys, D>(s, o, row_max, row_sum);
-
-      // O += P V: P's 16-key steps from registers; V's 16 keys are 2 swizzle patterns (2048 bytes) on, its
-      // 64-column blocks a whole tile block (kTileKeys x 128 bytes) apart.
-      std::uint32_t a[kTileKeys / 16][4];
-      float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probabilities<T, kTileKeys>(s, kk, a[kk], tile_sum);
-      sm90::fence();
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-        sm90::Wgmma<T, D>::rs(o, a[kk], sm90::swizzle128_desc(v_addr + kk * 2048, kTileKeys * 128, 1024));
+  // O += P V for tile t (after its slot is full): V rows outside [lo, hi) are zeroed first in a partial tile,
+  // so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf is NaN).
+  auto issue_pv = [&](int t) {
+    const int slot = t % kSlots;
+    const int t0 = first_tile + t * kTileKeys;
+    sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
+    if (t0 < lo || t0 + kTileKeys > hi) {
+      std::uint8_t* tile = vs + slot * kTileBytes;
+      for (int e = wg_thread; e < kTileKeys * (D / 8); e += 128) {
+        const int j = e / (D / 8), ch = e % (D / 8);
+        if (t0 + j < lo || t0 + j >= hi) *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, ch)) = uint4{};
       }
-      sm90::commit();
-      add_tile_sums(tile_sum, row_sum);
-      sm90::wait<0>();
-      sm90::pin(o);
-      sm90::pin(a);
+      sm90::fence_proxy_async();
+      sm90::named_sync(kZeroFillBarrier + warpgroup, 128);
     }
-    cp_async_wait_all();
-    sm90::fence_proxy_async();
-    __syncthreads();
-    buffer ^= 1;
+    rescale_accumulator<D>(o, alpha);
+    const std::uint32_t v_addr = sm90::smem_u32(vs + slot * kTileBytes);
+    sm90::fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+      // 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks are kTileKeys x 128 bytes apart.
+      sm90::Wgmma<T, D>::rs(o, a[kk], sm90::swizzle128_desc(v_addr + kk * 2048, kTileKeys * 128, 1024));
+    }
+    sm90::commit();
+  };
+  auto release = [&](std::uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar);
+  };
+
+  // Warpgroup 0 takes the first turn.
+  if (warpgroup == 1 && tiles > 0) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
+  for (int t = 0; t < tiles; ++t) {
+    const int slot = t % kSlots;
+    const int t0 = first_tile + t * kTileKeys;
+    sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
+    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    // S = Q Kᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a 64-column
+    // block, 8-row groups 1024 bytes apart.
+    const std::uint32_t k_addr = sm90::smem_u32(ks + slot * kTileBytes);
+    float s[kTileKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    sm90::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t at = (kk % 4) * 32;
+      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kRows * 128 + at, 16, 1024),
+                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
+    }
+    sm90::commit();
+    if (t > 0) issue_pv(t - 1);
+    // Hand the tensor cores to the other warpgroup (whose turns number one fewer on barrier 1's side).
+    if (warpgroup == 0 || t + 1 < tiles) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    if (t > 0) {
+      sm90::wait<1>();
+    } else {
+      sm90::wait<0>();
+    }
+    sm90::pin(s);
+    release(&k_empty[slot]);
+
+    const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
+    transform_scores<kTileKeys>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+    softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
+    sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
+    sm90::pin(o);
+    sm90::pin(a);
+    if (t > 0) release(&v_empty[(t - 1) % kSlots]);
+    float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probabilities<T, kTileKeys>(s, kk, a[kk], tile_sum);
+    add_tile_sums(tile_sum, row_sum);
+  }
+  if (tiles > 0) {
+    issue_pv(tiles - 1);
+    sm90::wait<0>();
+    sm90::pin(o);
+    sm90::pin(a);
   }
   finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [](int) { return 1.0f; });
 #else
   (void)p;
-  __trap();  // built for another GPU: the host never launches it there (warpgroup_supported)
+  (void)maps;
+  __trap();  // built for another GPU: the host never launches it there (warpgroup kernels need compute 9.0)
 #endif
 }
 
 template <class T, int D>
-void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
   allow_max_dynamic_smem<attention_wgmma_kernel<T, D>>();
-  attention_wgmma_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<D>(), stream>>>(p);
+  attention_wgmma_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<D>(), stream>>>(p, maps);
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// K or V as a 4-d tensor (head dim, key, K/V head, batch) whose boxes are 64 x 128 tiles in the 128-byte
+// swizzle; keys past k_len read as zeros.
+bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype) {
+  const auto fn = encode_tiled();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.k_len),
+                              static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(p.batch)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride) * 2, static_cast<cuuint64_t>(l.head_stride) * 2,
+                           static_cast<cuuint64_t>(l.batch_stride) * 2};
+  // A dimension of extent 1 never steps: give it a stride TMA accepts whatever the layout says.
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
+  }
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(kTileKeys), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * 2);
+  const CUresult r = fn(&map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                        4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -185,13 +293,18 @@ std::size_t warpgroup_smem_bytes(std::int64_t head_dim) {
   return head_dim == 64 ? smem_bytes_for<64>() : smem_bytes_for<128>();
 }
 
-void launch_warpgroup(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
+bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
+  return encode_kv_map(maps.k, p.k, p.lk, p, dtype) && encode_kv_map(maps.v, p.v, p.lv, p, dtype);
+}
+
+void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
+                      cudaStream_t stream) {
   if (dtype == DType::f16) {
-    if (p.head_dim == 64) launch_typed<__half, 64>(p, blocks, stream);
-    else launch_typed<__half, 128>(p, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream);
+    else launch_typed<__half, 128>(p, maps, blocks, stream);
   } else {
-    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, blocks, stream);
-    else launch_typed<__nv_bfloat16, 128>(p, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream);
+    else launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream);
   }
 }
 

@@ -247,8 +247,12 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   auto* flag = static_cast<int*>(scratch);
   const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
   const bool warpgroup_fits = decode_fits && pointer_aligned16(a.q.data);
-  const bool falls_back = (chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits) ||
-                          (chosen.kernel == CudaPlan::Kernel::Warpgroup && !warpgroup_fits);
+  // The wgmma kernel also needs TMA descriptors of K and V; a layout TMA cannot describe takes the fallback.
+  WarpgroupMaps maps{};
+  const bool falls_back =
+      (chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits) ||
+      (chosen.kernel == CudaPlan::Kernel::Warpgroup &&
+       !(warpgroup_fits && warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps)));
   const CudaPlan plan = falls_back ? plan_for(p, false) : chosen;
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
   if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
@@ -284,7 +288,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
-      launch_warpgroup(params, p.dtype, blocks, stream);
+      launch_warpgroup(params, maps, p.dtype, blocks, stream);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
     } else {

@@ -140,11 +140,11 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
   }
 }
 
-// The online softmax step for one tile: new row maxima, the accumulator o rescaled when a maximum moved, and
-// s replaced by exp(s - max) (unrounded).
-template <int kCols, int kOutCols>
-__device__ __forceinline__ void softmax_step(float (&s)[kCols / 8][4], float (&o)[kOutCols / 8][4],
-                                             float (&row_max)[2], float (&row_sum)[2]) {
+// The online softmax for one tile, without the accumulator: new row maxima, the running sums scaled by
+// alpha (the factor the accumulator needs too, rescale_accumulator) and s replaced by exp(s - max) (unrounded).
+template <int kCols>
+__device__ __forceinline__ void softmax_exponentials(float (&s)[kCols / 8][4], float (&row_max)[2],
+                                                     float (&row_sum)[2], float (&alpha)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = core::kNegInf;
@@ -153,23 +153,40 @@ __device__ __forceinline__ void softmax_step(float (&s)[kCols / 8][4], float (&o
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     const float new_max = fmaxf(row_max[half], tile_max);
-    const float alpha = core::rescale_factor(row_max[half], new_max);
+    alpha[half] = core::rescale_factor(row_max[half], new_max);
     row_max[half] = new_max;
-    row_sum[half] *= alpha;
-    // Most tiles after the first leave every row's max where it was: skip the rescale then (warp-uniform).
-    if (!__all_sync(0xffffffffu, alpha == 1.0f)) {
-#pragma unroll
-      for (int t = 0; t < kOutCols / 8; ++t) {
-        o[t][half * 2] *= alpha;
-        o[t][half * 2 + 1] *= alpha;
-      }
-    }
+    row_sum[half] *= alpha[half];
     const float shift = core::usable_max(new_max) * kLog2e;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
   }
+}
+
+// The accumulator's rows times alpha. Most tiles after the first leave every row's max where it was: the
+// multiply is skipped then (warp-uniform).
+template <int kOutCols>
+__device__ __forceinline__ void rescale_accumulator(float (&o)[kOutCols / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!__all_sync(0xffffffffu, alpha[half] == 1.0f)) {
+#pragma unroll
+      for (int t = 0; t < kOutCols / 8; ++t) {
+        o[t][half * 2] *= alpha[half];
+        o[t][half * 2 + 1] *= alpha[half];
+      }
+    }
+  }
+}
+
+// Both, for kernels whose accumulator is idle during the softmax.
+template <int kCols, int kOutCols>
+__device__ __forceinline__ void softmax_step(float (&s)[kCols / 8][4], float (&o)[kOutCols / 8][4],
+                                             float (&row_max)[2], float (&row_sum)[2]) {
+  float alpha[2];
+  softmax_exponentials<kCols>(s, row_max, row_sum, alpha);
+  rescale_accumulator<kOutCols>(o, alpha);
 }
 
 // P for keys [16 kk, 16 kk + 16) of the tile, rounded to T, as the A operand of P V; adds the rounded values to

@@ -3,6 +3,7 @@
 
 #include "kernel_params.cuh"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -40,12 +41,18 @@ bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, K
 std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 
-// attention_wgmma.cu: Hopper (sm_90a) wgmma for float16 / bfloat16, head dim 64 or 128 (= v_head_dim), K/V of the
-// query's type, rows aligned to 16 bytes; 128 rows per block. Launch only on a compute capability 9.0 device.
+// attention_wgmma.cu: Hopper (sm_90a) wgmma + TMA for float16 / bfloat16, head dim 64 or 128 (= v_head_dim), K/V
+// of the query's type, rows aligned to 16 bytes; 128 rows per block. Launch only on a compute capability 9.0
+// device, with the TMA descriptors of K and V from warpgroup_maps (false: TMA cannot describe the layout).
 inline constexpr std::int64_t kWarpgroupRows = 128;
+struct WarpgroupMaps {
+  CUtensorMap k, v;
+};
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim);
-void launch_warpgroup(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);
+void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
+                      cudaStream_t stream);
 
 // attention_decode.cu: 4 rows per block, key ranges of at most kDecodeMaxKeys keys, K/V of the query's type or
 // quantized (int8 / int4, same type for K and V), head dim a multiple of 16 (int4: 32) up to 256 (= v_head_dim),

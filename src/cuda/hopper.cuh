@@ -1,11 +1,13 @@
-// Hopper's warpgroup MMA (sm_90a), as the tile kernels use it: shared-memory matrix descriptors with the
-// 128-byte swizzle, the fence / commit / wait protocol, and m64nNk16 float16 / bfloat16 MMAs with float32
-// accumulators for N = 64 and 128. Accumulators are the m16n8 fragments of fragment_softmax.cuh, one warp's 16
+// Hopper (sm_90a) primitives of the wgmma kernel: the warpgroup MMA (shared-memory matrix descriptors with the
+// 128-byte swizzle, the fence / commit / wait protocol, m64nNk16 float16 / bfloat16 MMAs with float32
+// accumulators for N = 64 and 128), the tensor memory accelerator (TMA) tile load, shared-memory barriers
+// (mbarrier) and named barriers. Accumulators are the m16n8 fragments of fragment_softmax.cuh, one warp's 16
 // rows each: d[j][0..3] holds columns 8 j + 2 (lane % 4) + {0, 1} of rows lane / 4 and lane / 4 + 8.
 #pragma once
 
 #include <cstdint>
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,6 +37,63 @@ __device__ __forceinline__ void wait() {
 }
 // Shared memory written through the generic proxy (st.shared, cp.async) becomes visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarrier: a phase completes when `count` arrivals (and the transaction bytes expected in it) are in.
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes initialised barriers visible to the other threads and to the async proxy (TMA); then a block barrier.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// One arrival that also expects `bytes` to land by TMA in the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Waits for the phase of parity `parity` to complete (a fresh barrier counts its phase "before 0", parity 1,
+// as complete: a producer's first wait on an empty slot passes at once).
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: a box of a 4-d tensor (coordinates innermost first) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// Named barriers (id 0 is __syncthreads): sync waits for `threads` arrivals including its own, arrive does not wait.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Moves registers between warpgroups: a producer that only issues copies frees most of its share, consumers
+// that hold the accumulators take it (the whole warpgroup executes it).
+template <int kRegisters>
+__device__ __forceinline__ void set_max_registers_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void set_max_registers_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 
 // The compiler sees an MMA's registers only at the asm statement, not while it runs: after a wait, these tie
 // every accumulator / operand register to that point, so no read moves before it and no register is reused
