@@ -75,7 +75,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                          tables_mem + 4 * kRows};
 
   const int tid = threadIdx.x;
-  const int warp = tid / 32;
+  // Broadcast from lane 0, so that the compiler knows the warp index (and the role branch below) is
+  // warp-uniform: wgmma in a possibly divergent path gets serialized (ptxas C7518).
+  const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
@@ -149,9 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint32_t a[kTileKeys / 16][4];  // P of the previous tile, until its MMA is done
   const std::uint32_t q_addr = sm90::smem_u32(qs) + warpgroup * 64 * 128;
 
-  // O += P V for tile t (after its slot is full): V rows outside [lo, hi) are zeroed first in a partial tile,
-  // so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf is NaN).
-  auto issue_pv = [&](int t) {
+  // V of tile t ready for O += P V: its slot full and, in a partial tile, the rows of keys outside [lo, hi)
+  // zeroed, so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf).
+  // Done before a turn's MMAs: ptxas serialises MMAs around branches and register use between an MMA and its
+  // wait, so a turn is straight-line code that touches no accumulator.
+  auto prepare_v = [&](int t) {
     const int slot = t % kSlots;
     const int t0 = first_tile + t * kTileKeys;
     sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
@@ -164,12 +168,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::fence_proxy_async();
       sm90::named_sync(kZeroFillBarrier + warpgroup, 128);
     }
-    rescale_accumulator<D>(o, alpha);
-    const std::uint32_t v_addr = sm90::smem_u32(vs + slot * kTileBytes);
-    sm90::fence();
+  };
+  // S = Q K_tᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a
+  // 64-column block, 8-row groups 1024 bytes apart.
+  auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
+    const std::uint32_t k_addr = sm90::smem_u32(ks + (t % kSlots) * kTileBytes);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t at = (kk % 4) * 32;
+      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kRows * 128 + at, 16, 1024),
+                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
+    }
+    sm90::commit();
+  };
+  // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
+  // kTileKeys x 128 bytes apart.
+  auto issue_pv = [&](int t) {
+    const std::uint32_t v_addr = sm90::smem_u32(vs + (t % kSlots) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      // 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks are kTileKeys x 128 bytes apart.
       sm90::Wgmma<T, D>::rs(o, a[kk], sm90::swizzle128_desc(v_addr + kk * 2048, kTileKeys * 128, 1024));
     }
     sm90::commit();
@@ -178,52 +195,69 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(bar);
   };
-
-  // Warpgroup 0 takes the first turn.
-  if (warpgroup == 1 && tiles > 0) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
-  for (int t = 0; t < tiles; ++t) {
-    const int slot = t % kSlots;
+  // Tile t's scores into P (in `a`), after its S is complete.
+  auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
-    sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
-    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-    // S = Q Kᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a 64-column
-    // block, 8-row groups 1024 bytes apart.
-    const std::uint32_t k_addr = sm90::smem_u32(ks + slot * kTileBytes);
-    float s[kTileKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    sm90::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const std::uint32_t at = (kk % 4) * 32;
-      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kRows * 128 + at, 16, 1024),
-                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
-    }
-    sm90::commit();
-    if (t > 0) issue_pv(t - 1);
-    // Hand the tensor cores to the other warpgroup (whose turns number one fewer on barrier 1's side).
-    if (warpgroup == 0 || t + 1 < tiles) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-    if (t > 0) {
-      sm90::wait<1>();
-    } else {
-      sm90::wait<0>();
-    }
-    sm90::pin(s);
-    release(&k_empty[slot]);
-
     const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
     transform_scores<kTileKeys>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
-    sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
-    sm90::pin(o);
-    sm90::pin(a);
-    if (t > 0) release(&v_empty[(t - 1) % kSlots]);
+  };
+  auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {
     float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probabilities<T, kTileKeys>(s, kk, a[kk], tile_sum);
     add_tile_sums(tile_sum, row_sum);
+  };
+
+  // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
+  // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
+  if (tiles > 0) {
+    float s[kTileKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
+    sm90::mbarrier_wait(&k_full[0], 0);
+    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    sm90::fence();
+    issue_qk(0, s);
+    if (warpgroup == 0 || tiles > 1) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    sm90::wait<0>();
+    sm90::pin(s);
+    release(&k_empty[0]);
+    softmax_tile(0, s);
+    pack_p(s);
+  }
+  for (int t = 1; t < tiles; ++t) {
+    // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
+    // and the other warpgroup's turn.
+    const int slot = t % kSlots;
+    rescale_accumulator<D>(o, alpha);
+    prepare_v(t - 1);
+    sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
+    sm90::pin(o);
+    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    float s[kTileKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    sm90::fence();
+    issue_qk(t, s);
+    issue_pv(t - 1);
+    if (warpgroup == 0 || t + 1 < tiles) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    sm90::wait<1>();
+    sm90::pin(s);
+    release(&k_empty[slot]);
+    softmax_tile(t, s);
+    sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
+    sm90::pin(o);
+    sm90::pin(a);
+    release(&v_empty[(t - 1) % kSlots]);
+    pack_p(s);
   }
   if (tiles > 0) {
+    rescale_accumulator<D>(o, alpha);
+    prepare_v(tiles - 1);
+    sm90::pin(o);
+    sm90::fence();
     issue_pv(tiles - 1);
     sm90::wait<0>();
     sm90::pin(o);
