@@ -31,7 +31,7 @@ constexpr int kSlots = 2;  // K and V tiles in flight
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
 [[maybe_unused]] constexpr int kConsumerRegisters = 240;
-// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 and 4 their own zero-fill barrier.
+// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the consumers' zero-fill barrier.
 [[maybe_unused]] constexpr int kTurnBarrier = 1;
 [[maybe_unused]] constexpr int kZeroFillBarrier = 3;
 
@@ -140,7 +140,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // rows [64 g, 64 g + 64)).
   sm90::set_max_registers_inc<kConsumerRegisters>();
   const int warpgroup = warp / 4 - 1;
-  const int wg_thread = tid % 128;
   const int r0 = (warp - 4) * 16 + lane / 4;
   float o[D / 8][4];
 #pragma unroll
@@ -159,14 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int slot = t % kSlots;
     const int t0 = first_tile + t * kTileKeys;
     sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
-    if (t0 < lo || t0 + kTileKeys > hi) {
+    if (t0 < lo || t0 + kTileKeys > hi) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
-      for (int e = wg_thread; e < kTileKeys * (D / 8); e += 128) {
+      for (int e = tid - 128; e < kTileKeys * (D / 8); e += kConsumerThreads) {
         const int j = e / (D / 8), ch = e % (D / 8);
         if (t0 + j < lo || t0 + j >= hi) *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, ch)) = uint4{};
       }
       sm90::fence_proxy_async();
-      sm90::named_sync(kZeroFillBarrier + warpgroup, 128);
+      sm90::named_sync(kZeroFillBarrier, kConsumerThreads);
     }
   };
   // S = Q K_tᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a

@@ -132,16 +132,19 @@ bool mma_aligned(const Layout& l, KvType type) {
   return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
 }
 
-// ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan: switches for
-// benchmarks and tests that compare them with the mma.sync kernel on the same shapes, not tuning knobs.
-bool env_enabled(const char* name) {
+// ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan, and
+// ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports: switches for benchmarks and tests that
+// compare the kernels on the same shapes (the test suite's small shapes would otherwise rarely reach it), not
+// tuning knobs.
+std::string env_value(const char* name) {
   const char* v = std::getenv(name);
-  return v == nullptr || std::string(v) != "0";
+  return v == nullptr ? std::string() : std::string(v);
 }
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
-CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, bool allow_special) {
+CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, std::int64_t sms,
+                               bool allow_special) {
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   const bool decode_ok = decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                          decode_aligned(p.k, p.k_storage.type, p.dtype) &&
@@ -152,9 +155,16 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // Tensor cores first wherever they apply: even a decode step with 4 of a tile's 64 rows used reads the cache
   // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
   // leave it compute-bound (docs/benchmarks.md).
-  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel.
-  static const bool warpgroup_enabled = env_enabled("ATTNKIT_CUDA_WGMMA");
-  if (allow_special && warpgroup_enabled && group_rows > kRowBlock &&
+  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel when its
+  // grid (one 128-row block per SM at a time) fills its last wave to 80% or more: a grid just past a whole
+  // number of waves (whisper's 144 blocks on 132 SMs) runs faster as the mma.sync kernel's smaller blocks, two
+  // or more per SM.
+  static const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
+  const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
+  const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
+  const bool warpgroup_wanted =
+      warpgroup_switch == "all" || (warpgroup_switch != "0" && group_rows > kRowBlock && whole_waves);
+  if (allow_special && warpgroup_wanted &&
       warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
       layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90()) {
     return CudaPlan::Kernel::Warpgroup;
@@ -163,7 +173,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)) {
     return CudaPlan::Kernel::TensorCore;
   }
-  static const bool decode_enabled = env_enabled("ATTNKIT_CUDA_DECODE");
+  static const bool decode_enabled = env_value("ATTNKIT_CUDA_DECODE") != "0";
   if (allow_special && decode_enabled && decode_ok &&
       group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
@@ -176,7 +186,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   plan.sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
-  plan.kernel = choose_kernel(p, plan.group_rows, allow_special);
+  plan.kernel = choose_kernel(p, plan.group_rows, plan.sm_count, allow_special);
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
   plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;

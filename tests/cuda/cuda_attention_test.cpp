@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -136,6 +137,32 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
       dev.run(cut);
       EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
       EXPECT_LE(data.scaled_error(data.reference()), tolerance(t));
+    }
+  }
+}
+
+// A prefill large enough that the default plan takes the Hopper wgmma kernel (on compute capability 9.0): causal
+// GQA with key lengths, a partial last tile (1000 keys) and a row count that is not a multiple of 128.
+TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0));
+  for (DType t : {DType::f16, DType::bf16}) {
+    for (const std::int64_t d : {64, 128}) {
+      CaseSpec spec;
+      spec.name = "prefill";
+      spec.batch = 2; spec.heads = 32; spec.kv_heads = 8; spec.q_len = 1000; spec.k_len = 1000; spec.head_dim = d;
+      spec.causal = true; spec.lse = true; spec.key_lengths = KeyLengths::Random;
+      SCOPED_TRACE(std::string(dtype_name(t)) + " d " + std::to_string(d));
+      CaseData data(spec, t, 5);
+      Attention op(data.problem(), cuda_config());
+      if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+        EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
+      }
+      DeviceCase dev(data);
+      dev.run(op);
+      EXPECT_LE(data.scaled_error(data.reference()), tolerance(t)) << op.describe();
+      EXPECT_TRUE(data.gaps_untouched());
     }
   }
 }
