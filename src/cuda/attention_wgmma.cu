@@ -1,4 +1,4 @@
-// The Hopper tensor-core attention kernel (sm_90a: wgmma, TMA) for float16 / bfloat16, head dims 64 and 128, K
+// The Hopper tensor-core attention kernel (sm_90a: wgmma, TMA) for float16 / bfloat16, head dims 64, 128, 256, K
 // and V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
 //
 // A block owns 128 rows ((head, query) pairs of one K/V head): two consumer warpgroups of 64 rows and one
@@ -23,7 +23,9 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
-constexpr int kTileKeys = 128;
+// Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes
+// 128 registers per thread).
+__host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim > 128 ? 64 : 128; }
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
 constexpr int kSlots = 2;  // K and V tiles in flight
@@ -42,7 +44,7 @@ constexpr std::size_t tile_bytes(int rows) {
 // Q, the K and V slots, their barriers, the row tables, and 1024 bytes to align the tiles on the swizzle pattern.
 template <int D>
 constexpr std::size_t smem_bytes_for() {
-  return 1024 + tile_bytes<D>(kRows) + 2 * kSlots * tile_bytes<D>(kTileKeys) + 4 * kSlots * sizeof(std::uint64_t) +
+  return 1024 + tile_bytes<D>(kRows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + 4 * kSlots * sizeof(std::uint64_t) +
          (4 * kRows + 2) * sizeof(int);
 }
 
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
+  constexpr int kTileKeys = tile_keys_for(D);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
   std::uint8_t* const qs = base;                                   // [D / 64][kRows][64]
   std::uint8_t* const ks = qs + tile_bytes<D>(kRows);              // [kSlots][D / 64][kTileKeys][64]
@@ -181,12 +184,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::commit();
   };
   // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
-  // kTileKeys x 128 bytes apart.
+  // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
+  // two halves keep each MMA's operand list at 64 registers).
+  constexpr int kOutN = D > 128 ? 128 : D;
   auto issue_pv = [&](int t) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + (t % kSlots) * kTileBytes);
 #pragma unroll
-    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      sm90::Wgmma<T, D>::rs(o, a[kk], sm90::swizzle128_desc(v_addr + kk * 2048, kTileKeys * 128, 1024));
+    for (int h = 0; h < D / kOutN; ++h) {
+      auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        sm90::Wgmma<T, kOutN>::rs(out, a[kk],
+                                  sm90::swizzle128_desc(v_addr + h * (kOutN / 64) * kTileKeys * 128 + kk * 2048,
+                                                        kTileKeys * 128, 1024));
+      }
     }
     sm90::commit();
   };
@@ -305,7 +316,7 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(kTileKeys), 1, 1};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(tile_keys_for(static_cast<int>(p.head_dim))), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * 2);
   const CUresult r = fn(&map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -319,11 +330,11 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
 
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
   return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim &&
-         (head_dim == 64 || head_dim == 128) && k_type == KvType::Float && v_type == KvType::Float;
+         (head_dim == 64 || head_dim == 128 || head_dim == 256) && k_type == KvType::Float && v_type == KvType::Float;
 }
 
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim) {
-  return head_dim == 64 ? smem_bytes_for<64>() : smem_bytes_for<128>();
+  return head_dim == 64 ? smem_bytes_for<64>() : head_dim == 128 ? smem_bytes_for<128>() : smem_bytes_for<256>();
 }
 
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
@@ -334,10 +345,12 @@ void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dt
                       cudaStream_t stream) {
   if (dtype == DType::f16) {
     if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream);
-    else launch_typed<__half, 128>(p, maps, blocks, stream);
+    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream);
+    else launch_typed<__half, 256>(p, maps, blocks, stream);
   } else {
     if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream);
-    else launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream);
+    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream);
+    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream);
   }
 }
 
