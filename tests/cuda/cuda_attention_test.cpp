@@ -142,7 +142,7 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
 }
 
 // A prefill large enough that the default plan takes the Hopper wgmma kernel (on compute capability 9.0): causal
-// GQA with key lengths, a partial last tile (1000 keys) and a row count that is not a multiple of 128.
+// GQA with key lengths, a partial last tile (500 keys) and a row count that is not a multiple of 128.
 TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
   SKIP_WITHOUT_GPU();
   cudaDeviceProp prop{};
@@ -151,7 +151,7 @@ TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
     for (const std::int64_t d : {64, 128}) {
       CaseSpec spec;
       spec.name = "prefill";
-      spec.batch = 2; spec.heads = 32; spec.kv_heads = 8; spec.q_len = 1000; spec.k_len = 1000; spec.head_dim = d;
+      spec.batch = 2; spec.heads = 32; spec.kv_heads = 8; spec.q_len = 500; spec.k_len = 500; spec.head_dim = d;
       spec.causal = true; spec.lse = true; spec.key_lengths = KeyLengths::Random;
       SCOPED_TRACE(std::string(dtype_name(t)) + " d " + std::to_string(d));
       CaseData data(spec, t, 5);
