@@ -221,25 +221,10 @@ def write_outputs(rows, header, args):
                         f"{fmt(r.get('cudnn_us'), '.1f')} | {fmt(r.get('efficient_us'), '.1f')} | {fmt(r.get('unfused_us'), '.1f')} | "
                         f"{fmt(d['speedup_vs_flash'], '.2f')}x | {fmt(d['speedup_vs_best_peer'], '.2f')}x |\n")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        labels = [f"{r['case']} {r['dtype']}" for r in rows]
-        fig, ax = plt.subplots(figsize=(10, max(4, 0.22 * len(rows))))
-        y = range(len(rows))
-        for i, (peer_name, color) in enumerate((("flash", "tab:blue"), ("cudnn", "tab:orange"), ("efficient", "tab:green"))):
-            vals = [r.get(peer_name + "_us", float("nan")) / r.get("attnkit_us", float("nan")) for r in rows]
-            ax.barh([yy + 0.27 * (i - 1) for yy in y], vals, height=0.27, color=color, label=f"torch {peer_name} / attnkit")
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_yticks(list(y))
-        ax.set_yticklabels(labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xscale("log")
-        ax.set_xlabel("peer time / attnkit time (> 1: attnkit faster)")
-        ax.legend(fontsize=8)
-        ax.set_title(header.split("|")[1].strip() + ": attnkit vs PyTorch SDPA backends", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        if not args.csv:
+            raise SystemExit("--plot draws from the CSV: give --csv too")
+        from plot_ratios import plot_csv
+        plot_csv(args.csv, args.plot)
 
 
 def print_table(rows):
