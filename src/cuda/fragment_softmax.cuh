@@ -101,7 +101,9 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
 // tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
 // The rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
 // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
-template <int kCols>
+// kFewLoadsInFlight: mask loads in groups of 8 (a compiler barrier between groups), for a kernel whose registers
+// cannot hold 32 loads in flight (the wgmma kernel's consumers; the mma.sync kernel is better off without).
+template <int kCols, bool kFewLoadsInFlight = false>
 __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
                                                  const RowTables& t, int r0, int rows, std::int64_t k0, int n,
                                                  bool full) {
@@ -133,8 +135,6 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
       // One row pointer per half and constant column offsets: the loads take immediate offsets, not 64
       // computed addresses (and the dtype switch sits outside the loop).
       const std::int64_t mask_row = r < rows ? p.lmask.index(c.b, t.head[r], t.query[r]) + k0 + (lane % 4) * 2 : 0;
-      // Loads go in groups of 8 (a compiler barrier between groups): all 32 in flight at once cost the wgmma
-      // kernel's consumers more registers than they have.
       auto add_mask = [&](const auto* row) {
 #pragma unroll
         for (int j = 0; j < kCols / 8; ++j) {
@@ -144,7 +144,7 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
             float& x = s[j][half * 2 + e];
             x = col >= lo_col && col < hi_col ? x + to_float(row[j * 8 + e]) : core::kNegInf;
           }
-          if (j % 4 == 3) asm volatile("" ::: "memory");
+          if (kFewLoadsInFlight && j % 4 == 3) asm volatile("" ::: "memory");
         }
       };
       switch (p.mask_dtype) {
