@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
     const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
-    transform_scores<kTileKeys>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+    transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
   };
   auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {

@@ -101,7 +101,9 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
 // tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
 // The rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
 // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
-template <int kCols>
+// kFewLoadsInFlight: mask loads in groups of 8 (a compiler barrier between groups), for a kernel whose registers
+// cannot hold 32 loads in flight (the wgmma kernel's consumers; the mma.sync kernel is better off without).
+template <int kCols, bool kFewLoadsInFlight = false>
 __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
                                                  const RowTables& t, int r0, int rows, std::int64_t k0, int n,
                                                  bool full) {
@@ -121,22 +123,45 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
       for (int e = 0; e < 4; ++e) s[j][e] *= scale;
   }
   if (full) return;
+  // Keys as 32-bit offsets from the tile start (key ranges fit in int): the 64-bit form of this loop is what
+  // pushed the wgmma kernel's consumers past their registers.
+  const int first = static_cast<int>(k0);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + half * 8;
-    const int begin = r < rows ? t.begin[r] : 0;
-    const int end = r < rows ? t.end[r] : 0;
-    const std::int64_t mask_row = p.has_mask && r < rows ? p.lmask.index(c.b, t.head[r], t.query[r]) : -1;
+    const int lo_col = r < rows ? t.begin[r] - first : 0;  // visible columns: [lo_col, hi_col) and < n
+    const int hi_col = r < rows ? min(t.end[r] - first, n) : 0;
+    if (p.has_mask) {
+      // One row pointer per half and constant column offsets: the loads take immediate offsets, not 64
+      // computed addresses (and the dtype switch sits outside the loop).
+      const std::int64_t mask_row = r < rows ? p.lmask.index(c.b, t.head[r], t.query[r]) + k0 + (lane % 4) * 2 : 0;
+      auto add_mask = [&](const auto* row) {
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j)
+        for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = j * 8 + (lane % 4) * 2 + e;
-        const std::int64_t key = k0 + col;
-        const bool seen = col < n && key >= begin && key < end;
-        float& x = s[j][half * 2 + e];
-        x = seen ? (mask_row >= 0 ? x + load_mask(p, mask_row + key) : x) : core::kNegInf;
+          for (int e = 0; e < 2; ++e) {
+            const int col = j * 8 + (lane % 4) * 2 + e;
+            float& x = s[j][half * 2 + e];
+            x = col >= lo_col && col < hi_col ? x + to_float(row[j * 8 + e]) : core::kNegInf;
+          }
+          if (kFewLoadsInFlight && j % 4 == 3) asm volatile("" ::: "memory");
+        }
+      };
+      switch (p.mask_dtype) {
+        case DType::f16: add_mask(static_cast<const __half*>(p.mask) + mask_row); break;
+        case DType::bf16: add_mask(static_cast<const __nv_bfloat16*>(p.mask) + mask_row); break;
+        case DType::f32: add_mask(static_cast<const float*>(p.mask) + mask_row); break;
       }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = j * 8 + (lane % 4) * 2 + e;
+          float& x = s[j][half * 2 + e];
+          x = col >= lo_col && col < hi_col ? x : core::kNegInf;
+        }
+    }
   }
 }
 
