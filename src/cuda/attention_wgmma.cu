@@ -33,9 +33,10 @@ constexpr int kSlots = 2;  // K and V tiles in flight
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
 [[maybe_unused]] constexpr int kConsumerRegisters = 240;
-// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the consumers' zero-fill barrier.
+// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the consumers' zero-fill barrier, 4 Q.
 [[maybe_unused]] constexpr int kTurnBarrier = 1;
 [[maybe_unused]] constexpr int kZeroFillBarrier = 3;
+[[maybe_unused]] constexpr int kQBarrier = 4;  // the consumers' Q copy is complete
 
 template <int D>
 constexpr std::size_t tile_bytes(int rows) {
@@ -101,18 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
   const int tiles = (hi - first_tile + kTileKeys - 1) / kTileKeys;
 
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  const T* q = static_cast<const T*>(p.q);
-  for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows), by every thread
-    const int r = e / kChunks, ch = e % kChunks;
-    cp_async16(qs + swizzled_chunk(kRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
-               r < rows);
-  }
-  cp_async_commit();
-  cp_async_wait_all();
-  sm90::fence_proxy_async();
-  __syncthreads();
-
+  // The producer starts streaming K and V at once; the consumers copy Q meanwhile (a short key range is only a
+  // few tiles, so the block's start weighs).
   if (warp < 4) {  // the producer warpgroup: one thread drives the TMA
     sm90::set_max_registers_dec<kProducerRegisters>();
     if (tid == 0) {
@@ -142,6 +133,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
   sm90::set_max_registers_inc<kConsumerRegisters>();
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const T* q = static_cast<const T*>(p.q);
+  for (int e = tid - 128; e < kRows * kChunks; e += kConsumerThreads) {  // Q rows (zeros for padded rows)
+    const int r = e / kChunks, ch = e % kChunks;
+    cp_async16(qs + swizzled_chunk(kRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
+               r < rows);
+  }
+  cp_async_commit();
+  cp_async_wait_all();
+  sm90::fence_proxy_async();
+  sm90::named_sync(kQBarrier, kConsumerThreads);
   const int warpgroup = warp / 4 - 1;
   const int r0 = (warp - 4) * 16 + lane / 4;
   float o[D / 8][4];
