@@ -4,9 +4,11 @@
 #include "cli/commands.hpp"
 
 #include <testing/case_data.hpp>
+#include <testing/device_mirror.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 namespace attnkit::cli {
 namespace {
@@ -46,9 +48,19 @@ Outcome verify_one(const Job& job, Backend backend, const SelectionOptions& sel)
     Attention op(data.problem(), AttentionConfig{backend, sel.threads});
     r.describe = op.describe();
     const auto ref = data.reference();
+    // The CUDA backend runs on device copies of the case (outputs poisoned, run, copied back).
+    std::unique_ptr<testing::DeviceMirror> device;
+    if (backend == Backend::Cuda) device = std::make_unique<testing::DeviceMirror>(data);
+    auto run_once = [&] {
+      if (device) {
+        device->run(op);
+      } else {
+        data.poison_outputs();
+        op.run(data.args());
+      }
+    };
 
-    data.poison_outputs();
-    op.run(data.args());
+    run_once();
     r.error = data.scaled_error(ref);
     if (!(r.error <= r.bound)) r.problems.push_back("error above bound");
     if (job.spec.lse) {
@@ -58,8 +70,7 @@ Outcome verify_one(const Job& job, Backend backend, const SelectionOptions& sel)
     if (!data.gaps_untouched()) r.problems.push_back("wrote outside the output layout");
     const std::vector<std::byte> first = data.output_bytes();
 
-    data.poison_outputs();
-    op.run(data.args());
+    run_once();
     if (data.output_bytes() != first) r.problems.push_back("second run differs bitwise");
   } catch (const std::exception& e) {
     r.error = std::nan("");

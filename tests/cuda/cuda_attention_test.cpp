@@ -1,7 +1,9 @@
 // The CUDA backend against the float64 reference on every case of cases/*.json, plus the properties every
 // backend owes: bit-identical reruns, cut calls equal to whole calls, bad key lengths rejected with nothing
-// written. Inputs are the CPU tests' (CaseData), copied to the device; outputs come back into CaseData.
+// written. Inputs are the CPU tests' (CaseData), copied to the device by DeviceMirror; outputs come back into
+// CaseData.
 #include <testing/case_data.hpp>
+#include <testing/device_mirror.hpp>
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -24,66 +26,6 @@ bool have_gpu() {
 
 void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
-// Device copies of a case's buffers; `run` executes on the GPU and copies O and LSE back into the case.
-class DeviceCase {
- public:
-  explicit DeviceCase(CaseData& data) : data_(data), host_(data.args()) {
-    dev_ = host_;
-    dev_.q.data = upload(host_.q.data, host_.q.elements * esize());
-    dev_.k.data = upload(host_.k.data, host_.k.elements * esize());
-    dev_.v.data = upload(host_.v.data, host_.v.elements * esize());
-    dev_.mask.data = upload(host_.mask.data, host_.mask.elements * 4);
-    dev_.key_lengths.data = upload(host_.key_lengths.data, host_.key_lengths.elements * 4);
-    dev_.head_sink.data = upload(host_.head_sink.data, host_.head_sink.elements * 4);
-    dev_.causal_offsets.data = upload(host_.causal_offsets.data, host_.causal_offsets.elements * 4);
-    dev_.o.data = const_cast<void*>(upload(host_.o.data, host_.o.elements * esize()));
-    dev_.lse.data = const_cast<void*>(upload(host_.lse.data, host_.lse.elements * 4));
-  }
-  ~DeviceCase() {
-    for (void* p : owned_) cudaFree(p);
-  }
-  // Poisons the device outputs (from the case's poisoned host buffers), runs, copies the outputs back.
-  void run(Attention& op, AttentionArgs* override_args = nullptr) {
-    data_.poison_outputs();
-    copy_to_device(dev_.o.data, host_.o.data, host_.o.elements * esize());
-    copy_to_device(dev_.lse.data, host_.lse.data, host_.lse.elements * 4);
-    try {
-      op.run(override_args != nullptr ? *override_args : dev_);
-    } catch (...) {
-      download();
-      throw;
-    }
-    download();
-  }
-  AttentionArgs& device_args() { return dev_; }
-
- private:
-  std::int64_t esize() const { return static_cast<std::int64_t>(dtype_size(data_.dtype())); }
-  const void* upload(const void* host, std::int64_t bytes) {
-    if (host == nullptr || bytes == 0) return nullptr;
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, static_cast<std::size_t>(bytes)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(d, host, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice), cudaSuccess);
-    owned_.push_back(d);
-    return d;
-  }
-  static void copy_to_device(void* d, const void* h, std::int64_t bytes) {
-    if (d != nullptr && bytes > 0) EXPECT_EQ(cudaMemcpy(d, h, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  void download() {
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (dev_.o.data != nullptr)
-      EXPECT_EQ(cudaMemcpy(host_.o.data, dev_.o.data, static_cast<std::size_t>(host_.o.elements * esize()), cudaMemcpyDeviceToHost), cudaSuccess);
-    if (dev_.lse.data != nullptr)
-      EXPECT_EQ(cudaMemcpy(host_.lse.data, dev_.lse.data, static_cast<std::size_t>(host_.lse.elements * 4), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-
-  CaseData& data_;
-  AttentionArgs host_;
-  AttentionArgs dev_;
-  std::vector<void*> owned_;
-};
-
 AttentionConfig cuda_config() {
   AttentionConfig c;
   c.backend = Backend::Cuda;
@@ -98,7 +40,7 @@ TEST(CudaAttention, EveryCaseMatchesTheReference) {
       CaseData data(spec, t, 20261129);
       const auto ref = data.reference();
       Attention op(data.problem(), cuda_config());
-      DeviceCase dev(data);
+      DeviceMirror dev(data);
       dev.run(op);
       const double err = data.scaled_error(ref);
       std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(), err,
@@ -126,7 +68,7 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
       SCOPED_TRACE(std::to_string(s.k) + " keys, " + std::string(dtype_name(t)));
       CaseData data(spec, t, 7);
       Attention whole(data.problem(), cuda_config());
-      DeviceCase dev(data);
+      DeviceMirror dev(data);
       dev.run(whole);
       const auto first = data.output_bytes();
       dev.run(whole);
@@ -159,7 +101,7 @@ TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
       if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
         EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
       }
-      DeviceCase dev(data);
+      DeviceMirror dev(data);
       dev.run(op);
       EXPECT_LE(data.scaled_error(data.reference()), tolerance(t)) << op.describe();
       EXPECT_TRUE(data.gaps_untouched());
@@ -176,7 +118,7 @@ TEST(CudaAttention, SplitKIsUsedForDecodeAndMatches) {
   CaseData data(spec, DType::f32, 11);
   Attention op(data.problem(), cuda_config());
   EXPECT_NE(op.describe().find("split-k"), std::string::npos) << op.describe();
-  DeviceCase dev(data);
+  DeviceMirror dev(data);
   dev.run(op);
   EXPECT_LE(data.scaled_error(data.reference()), 1e-5);
 }
@@ -189,7 +131,7 @@ TEST(CudaAttention, BadKeyLengthOnDeviceIsRejectedAndNothingWritten) {
   spec.key_lengths = KeyLengths::Random;
   CaseData data(spec, DType::f32, 3);
   Attention op(data.problem(), cuda_config());
-  DeviceCase dev(data);
+  DeviceMirror dev(data);
   const std::int32_t bad = 51;
   auto* lengths = static_cast<std::int32_t*>(const_cast<void*>(dev.device_args().key_lengths.data));
   ASSERT_EQ(cudaMemcpy(lengths + 1, &bad, 4, cudaMemcpyHostToDevice), cudaSuccess);
@@ -210,7 +152,7 @@ TEST(CudaAttention, HostPointersOnTheCpuBackendAndDevicePointersRejectedThere) {
   spec.name = "where";
   spec.q_len = 4; spec.k_len = 8; spec.head_dim = 8;
   CaseData data(spec, DType::f32, 5);
-  DeviceCase dev(data);
+  DeviceMirror dev(data);
   Attention cpu(data.problem());
   try {
     cpu.run(dev.device_args());
