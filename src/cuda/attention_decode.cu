@@ -369,17 +369,25 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(const Kernel
 }
 
 template <class T, class S>
-void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
-  allow_max_dynamic_smem<attention_decode_kernel<T, S>>();
-  attention_decode_kernel<T, S><<<static_cast<unsigned>(blocks), kThreads, decode_smem_bytes(), stream>>>(p);
-}
+struct Instance {
+  static constexpr auto kernel = attention_decode_kernel<T, S>;
+};
 
-template <class T>
-void launch_for_storage(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
-  switch (p.k_type) {
-    case KvType::Float: launch_typed<T, T>(p, blocks, stream); break;
-    case KvType::Int8: launch_typed<T, std::int8_t>(p, blocks, stream); break;
-    case KvType::Int4: launch_typed<T, Int4Tag>(p, blocks, stream); break;
+// Calls f(Instance<T, S>{}) for the kernel instance of (dtype, storage).
+template <class T, class F>
+void with_storage(KvType type, F&& f) {
+  switch (type) {
+    case KvType::Float: return f(Instance<T, T>{});
+    case KvType::Int8: return f(Instance<T, std::int8_t>{});
+    case KvType::Int4: return f(Instance<T, Int4Tag>{});
+  }
+}
+template <class F>
+void with_instance(DType dtype, KvType type, F&& f) {
+  switch (dtype) {
+    case DType::f32: return with_storage<float>(type, f);
+    case DType::f16: return with_storage<__half>(type, f);
+    case DType::bf16: return with_storage<__nv_bfloat16>(type, f);
   }
 }
 
@@ -404,11 +412,21 @@ std::int64_t decode_value_alignment(KvType type, DType dtype) {
 }
 
 void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::f32: launch_for_storage<float>(p, blocks, stream); break;
-    case DType::f16: launch_for_storage<__half>(p, blocks, stream); break;
-    case DType::bf16: launch_for_storage<__nv_bfloat16>(p, blocks, stream); break;
-  }
+  with_instance(dtype, p.k_type, [&](auto instance) {
+    using I = decltype(instance);
+    allow_max_dynamic_smem<I::kernel>();
+    I::kernel<<<static_cast<unsigned>(blocks), kThreads, decode_smem_bytes(), stream>>>(p);
+  });
+}
+
+int decode_resident_blocks(DType dtype, KvType type) {
+  int blocks = 1;
+  with_instance(dtype, type, [&](auto instance) {
+    using I = decltype(instance);
+    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, decode_smem_bytes());
+    blocks = resident;
+  });
+  return blocks;
 }
 
 }  // namespace attnkit::cuda

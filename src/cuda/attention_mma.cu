@@ -336,20 +336,32 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 }
 
 template <class T, int D, class S>
-void launch_stored(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
-  const std::size_t smem = smem_bytes_for<T, S>(D);
-  allow_max_dynamic_smem<attention_mma_kernel<T, D, S>>();
-  attention_mma_kernel<T, D, S><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-}
+struct Instance {
+  static constexpr auto kernel = attention_mma_kernel<T, D, S>;
+  static std::size_t smem() { return smem_bytes_for<T, S>(D); }
+};
 
-// Quantized caches are built for head dims 64 and 128 (mma_supports says so).
-template <class T, int D>
-void launch_typed(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
+// Calls f(Instance<T, D, S>{}) for the kernel instance of (dtype, head dim, storage): quantized caches are built
+// for head dims 64 and 128 (mma_supports says so).
+template <class T, int D, class F>
+void with_storage(KvType type, F&& f) {
   if constexpr (D == 64 || D == 128) {
-    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, blocks, stream);
-    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, blocks, stream);
+    if (type == KvType::Int8) return f(Instance<T, D, std::int8_t>{});
+    if (type == KvType::Int4) return f(Instance<T, D, Int4Tag>{});
   }
-  launch_stored<T, D, T>(p, blocks, stream);
+  f(Instance<T, D, T>{});
+}
+template <class T, class F>
+void with_head_dim(std::int64_t head_dim, KvType type, F&& f) {
+  if (head_dim == 32) with_storage<T, 32>(type, f);
+  else if (head_dim == 64) with_storage<T, 64>(type, f);
+  else if (head_dim == 128) with_storage<T, 128>(type, f);
+  else with_storage<T, 256>(type, f);
+}
+template <class F>
+void with_instance(DType dtype, std::int64_t head_dim, KvType type, F&& f) {
+  if (dtype == DType::f16) with_head_dim<__half>(head_dim, type, f);
+  else with_head_dim<__nv_bfloat16>(head_dim, type, f);
 }
 
 }  // namespace
@@ -371,17 +383,21 @@ std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type) {
 }
 
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
-  if (dtype == DType::f16) {
-    if (p.head_dim == 32) launch_typed<__half, 32>(p, blocks, stream);
-    else if (p.head_dim == 64) launch_typed<__half, 64>(p, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__half, 128>(p, blocks, stream);
-    else launch_typed<__half, 256>(p, blocks, stream);
-  } else {
-    if (p.head_dim == 32) launch_typed<__nv_bfloat16, 32>(p, blocks, stream);
-    else if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, blocks, stream);
-    else launch_typed<__nv_bfloat16, 256>(p, blocks, stream);
-  }
+  with_instance(dtype, p.head_dim, p.k_type, [&](auto instance) {
+    using I = decltype(instance);
+    allow_max_dynamic_smem<I::kernel>();
+    I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
+  });
+}
+
+int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
+  int blocks = 1;
+  with_instance(dtype, head_dim, type, [&](auto instance) {
+    using I = decltype(instance);
+    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, I::smem());
+    blocks = resident;
+  });
+  return blocks;
 }
 
 }  // namespace attnkit::cuda

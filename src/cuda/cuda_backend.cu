@@ -132,10 +132,14 @@ bool mma_aligned(const Layout& l, KvType type) {
   return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
 }
 
-// ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan, and
-// ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports: switches for benchmarks and tests that
-// compare the kernels on the same shapes (the test suite's small shapes would otherwise rarely reach it), not
-// tuning knobs.
+// Switches for benchmarks and tests that compare kernels or key splits on the same shapes (the test suite's
+// small shapes would otherwise rarely reach some kernels), not tuning knobs; read at every plan so that one
+// process can compare them:
+//   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
+//   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
+//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
+//   still holds).
 std::string env_value(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
@@ -146,9 +150,19 @@ std::string env_value(const char* name) {
 CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, std::int64_t sms,
                                bool allow_special) {
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  const bool decode_ok = decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+  const bool decode_ok = allow_special && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                          decode_aligned(p.k, p.k_storage.type, p.dtype) &&
                          decode_aligned(p.v, p.v_storage.type, p.dtype);
+  const bool warpgroup_ok =
+      allow_special && warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+      layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90();
+  const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+  const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+  if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
+  if (forced == "mma" && mma_ok) return CudaPlan::Kernel::TensorCore;
+  if (forced == "decode" && decode_ok) return CudaPlan::Kernel::Decode;
+  if (forced == "simt") return CudaPlan::Kernel::Simt;
   // Few rows per K/V head: the work is streaming the cache, which the decode kernel does at full width (a
   // 64-row tile would leave most of its rows empty). A quantized cache takes it up to 64 rows (a prompt chunk)
   // since the other kernels dequantize value by value.
@@ -159,26 +173,46 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // grid (one 128-row block per SM at a time) fills its last wave to 80% or more: a grid just past a whole
   // number of waves (whisper's 144 blocks on 132 SMs) runs faster as the mma.sync kernel's smaller blocks, two
   // or more per SM.
-  static const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
+  const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
   const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
   const bool warpgroup_wanted =
       warpgroup_switch == "all" || (warpgroup_switch != "0" && group_rows > kRowBlock && whole_waves);
-  if (allow_special && warpgroup_wanted &&
-      warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-      layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90()) {
-    return CudaPlan::Kernel::Warpgroup;
-  }
-  if (mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)) {
-    return CudaPlan::Kernel::TensorCore;
-  }
-  static const bool decode_enabled = env_value("ATTNKIT_CUDA_DECODE") != "0";
-  if (allow_special && decode_enabled && decode_ok &&
+  if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
+  if (mma_ok) return CudaPlan::Kernel::TensorCore;
+  if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&
       group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
   }
   return CudaPlan::Kernel::Simt;
+}
+
+// The blocks of `kernel` one SM holds at once (its occupancy at the plan's shared memory).
+int resident_blocks(CudaPlan::Kernel kernel, const AttentionProblem& p) {
+  switch (kernel) {
+    case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
+    case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
+    case CudaPlan::Kernel::Warpgroup: return 1;
+    case CudaPlan::Kernel::Simt: break;
+  }
+  return 2;
+}
+
+// Key splits for a shape with few rows per K/V head (a decode step): every block streams its key range at
+// about one pace, so the grid is best a whole number of rounds of the blocks the GPU holds at once. Takes the
+// split count from `least` up to `most` whose last round is fullest (a later count must fill it by 3 points
+// more to win: fewer splits merge less).
+std::int64_t splits_for_rounds(std::int64_t base_blocks, std::int64_t resident, std::int64_t least,
+                               std::int64_t most) {
+  auto fill = [&](std::int64_t s) {
+    const std::int64_t blocks = base_blocks * s;
+    return static_cast<double>(blocks) / static_cast<double>(ceil_div(blocks, resident) * resident);
+  };
+  std::int64_t best = least;
+  for (std::int64_t s = least + 1; s <= most; ++s) {
+    if (fill(s) > fill(best) + 0.03) best = s;
+  }
+  return best;
 }
 
 CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
@@ -194,19 +228,27 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
-  // Split the keys when the row blocks alone would not fill the GPU (twice over for the tile kernels; the
-  // decode kernel wants several blocks per SM in flight to keep enough loads outstanding). The decode kernel
-  // also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
-  // A few-row shape (a decode step) that fills less than two blocks per SM streams its cache in more ranges:
-  // a block's range is read at one tile's pace, so more ranges keep more of the cache in flight.
+  // Split the keys when the row blocks alone would not fill the GPU twice over (the tile kernels). The decode
+  // kernel also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
+  // Few rows per K/V head (a decode step): the work is streaming the cache, so the split count is chosen for
+  // whole rounds of resident blocks (splits_for_rounds), with at least one round.
   const std::int64_t sms = plan.sm_count;
-  const bool few_rows = plan.group_rows <= 16 && base_blocks < 2 * sms;
-  const std::int64_t target = (decode || few_rows ? 4 : 2) * sms;
+  const std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
   std::int64_t want = 1;
-  if (base_blocks > 0 && base_blocks < target && p.k_len >= 2 * kMinSplitKeys) {
-    want = std::min({ceil_div(target, base_blocks), p.k_len / kMinSplitKeys, kMaxSplits});
+  if (plan.group_rows <= 16 && base_blocks > 0) {
+    const std::int64_t resident = sms * resident_blocks(plan.kernel, p);
+    const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
+    want = splits_for_rounds(base_blocks, resident, least, std::max(least, most));
+  } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys) {
+    want = std::min(ceil_div(2 * sms, base_blocks), most);
   }
   if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
+  const std::string forced_splits = env_value("ATTNKIT_CUDA_SPLITS");
+  if (!forced_splits.empty()) {
+    const std::int64_t n = std::max<std::int64_t>(std::atoll(forced_splits.c_str()), 1);
+    want = std::max(std::min(n, std::max<std::int64_t>(p.k_len / kSplitGranule, 1)),
+                    decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1);
+  }
   if (want > 1) {
     plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
     plan.splits = ceil_div(p.k_len, plan.split_keys);

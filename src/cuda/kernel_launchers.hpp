@@ -30,6 +30,18 @@ void allow_max_dynamic_smem() {
   (void)done;
 }
 
+// The blocks of `Kernel` (threads, dynamic shared memory) one SM of this device holds at once; at least 1.
+template <auto Kernel>
+int resident_blocks_per_sm(int threads, std::size_t smem) {
+  allow_max_dynamic_smem<Kernel>();
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    blocks = 1;
+  }
+  return blocks > 0 ? blocks : 1;
+}
+
 // attention_simt.cu: 64 rows per block, any dtype and head dim.
 std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);
@@ -40,6 +52,7 @@ void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::s
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
 
 // attention_wgmma.cu: Hopper (sm_90a) wgmma + TMA for float16 / bfloat16, head dim 64, 128 or 256 (= v_head_dim), K/V
 // of the query's type, rows aligned to 16 bytes; 128 rows per block. Launch only on a compute capability 9.0
@@ -63,6 +76,7 @@ bool decode_supports(std::int64_t head_dim, std::int64_t v_head_dim, KvType k_ty
 std::int64_t decode_value_alignment(KvType type, DType dtype);
 std::size_t decode_smem_bytes();
 void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+int decode_resident_blocks(DType dtype, KvType type);  // blocks per SM
 
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
