@@ -173,11 +173,16 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // grid (one 128-row block per SM at a time) fills its last wave to 80% or more: a grid just past a whole
   // number of waves (whisper's 144 blocks on 132 SMs) runs faster as the mma.sync kernel's smaller blocks, two
   // or more per SM.
+  // A few rows per K/V head over a long cache (a decode step) take it too: its TMA ring keeps more of the cache
+  // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
+  // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
   const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
   const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
+  const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
   const bool warpgroup_wanted =
-      warpgroup_switch == "all" || (warpgroup_switch != "0" && group_rows > kRowBlock && whole_waves);
+      warpgroup_switch == "all" ||
+      (warpgroup_switch != "0" && ((group_rows > kRowBlock && whole_waves) || long_stream));
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&

@@ -67,7 +67,12 @@ struct AppendStep {
   DeviceCache key_cache, value_cache;
   const DeviceBatchRows* rows = nullptr;  // device
 };
+// Takes gqa_prepass_vector.cu's kernel where prepass_vector_supports says so, else the general one.
 void launch_append(const AppendStep& s, void* stream);
+// The pre-pass with 16-byte lanes: head sizes 8..256 that are powers of two, rotary halves a multiple of 8,
+// inputs, Q' and cache rows on 16-byte (cache: 8 / 4-byte for int8 / int4) boundaries.
+bool prepass_vector_supports(const AppendStep& s);
+void launch_prepass_vector(const AppendStep& s, void* stream);
 
 // Device memory the op keeps between calls, and a pinned host stage for the small per-call arrays (lengths,
 // offsets, sinks, scales) so that a decode step uploads them without waiting for the stream.

@@ -1,14 +1,14 @@
-// The GQA op's kernels besides attention (gqa_device.hpp): the cache moves and the fused pre-pass. They compute
-// what the CPU units compute (qk_norm.cpp, rotary.cpp, kv_cache.cpp) with the same operations in the same
-// precision: the RMS norm in float64, rotary products without contraction into FMAs, quantization as
-// rint(x * (1 / scale)), so a GPU cache holds the bits a CPU cache holds.
+// The GQA op's kernels besides attention (gqa_device.hpp): the cache moves and the fused pre-pass for any head
+// size (a warp per head row, one value per lane at a time); gqa_prepass_vector.cu is the pre-pass of the usual
+// head sizes with 16-byte lanes. Both compute what the CPU units compute (qk_norm.cpp, rotary.cpp,
+// kv_cache.cpp) with the same operations in the same precision (gqa_rows.cuh): the RMS norm in float64, rotary
+// products without contraction into FMAs, quantization as rint(x * (1 / scale)).
 #include "gqa_device.hpp"
-
-#include "../core/kv_quant.hpp"
-#include "kernel_params.cuh"
+#include "gqa_rows.cuh"
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace attnkit::cuda {
@@ -77,25 +77,11 @@ __global__ void __launch_bounds__(kThreads) cache_move_kernel(const CacheMove m)
 
 // ---- the pre-pass ----
 
-template <class T>
-__device__ __forceinline__ float round_to(float x) {
-  return to_float(from_float<T>(x));
-}
-
-__device__ __forceinline__ int quantize(float x, float inv_scale, int lo, int hi) {
-  const float q = rintf(__fmul_rn(x, inv_scale));
-  if (!(q == q)) return 0;
-  return static_cast<int>(fminf(fmaxf(q, static_cast<float>(lo)), static_cast<float>(hi)));
-}
-
 // Stores a head row (x in shared memory, H values) into a cache row: rounded to T, or quantized.
 template <class T>
 __device__ void store_cache_row(const float* x, std::int64_t H, const DeviceCache& cache, std::int64_t kv_head,
                                 std::byte* dst, int lane) {
-  const bool per_channel = cache.quant == KvQuant::PerChannel;
-  auto inverse = [&](std::int64_t d) {
-    return core::inverse_scale(per_channel ? cache.scales[kv_head * H + d] : cache.scales[0]);
-  };
+  auto inverse = [&](std::int64_t d) { return inverse_cache_scale(cache, kv_head, H, d); };
   switch (cache.type) {
     case KvType::Float:
       for (std::int64_t d = lane; d < H; d += 32) reinterpret_cast<T*>(dst)[d] = from_float<T>(x[d]);
@@ -165,8 +151,7 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendStep st) {
     }
     __syncwarp();
     if (prepare && st.rotary) {
-      const std::int64_t position =
-          st.position_ids != nullptr ? st.position_ids[b * st.position_row + s] : br.past + s;
+      const std::int64_t position = rotary_position(st, br, b, s);
       const T* cos_row = static_cast<const T*>(st.cos_cache) + position * st.rotary_half;
       const T* sin_row = static_cast<const T*>(st.sin_cache) + position * st.rotary_half;
       // (a, b) -> (a cos - b sin, b cos + a sin) for each pair; every lane computes its pairs into registers
@@ -180,8 +165,8 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendStep st) {
         const std::int64_t ib = st.interleaved ? 2 * i + 1 : i + st.rotary_half;
         const float c = to_float(cos_row[i]), sn = to_float(sin_row[i]);
         const float a = x[ia], bb = x[ib];
-        out_a[k] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn));
-        out_b[k] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, sn));
+        out_a[k] = rotate_first(a, bb, c, sn);
+        out_b[k] = rotate_second(a, bb, c, sn);
       }
       __syncwarp();
 #pragma unroll
@@ -221,6 +206,15 @@ void launch_cache_move(const CacheMove& m, void* stream) {
 
 void launch_append(const AppendStep& s, void* stream) {
   if (s.batch * s.seq == 0) return;
+  static const bool vector_enabled = [] {
+    const char* v = std::getenv("ATTNKIT_CUDA_PREPASS");  // =rows: the general kernel everywhere (tests compare both)
+    return v == nullptr || std::string(v) != "rows";
+  }();
+  if (vector_enabled && prepass_vector_supports(s)) {
+    launch_prepass_vector(s, stream);
+    check(cudaGetLastError(), "the GQA pre-pass launch");
+    return;
+  }
   const auto grid = static_cast<unsigned>(s.batch * s.seq);
   auto st = static_cast<cudaStream_t>(stream);
   switch (s.dtype) {

@@ -9,8 +9,14 @@ namespace {
 constexpr int kMergeWarps = 4;
 constexpr int kMergeThreads = kMergeWarps * 32;
 
-// One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. Every
-// lane folds the (max, sum, poison) states itself (the same loads, broadcast), then its columns.
+constexpr int kMaxColumnsPerLane = 8;  // v_head_dim <= 256
+constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are folded
+
+// One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. The
+// fold runs in range order, as the core's merge rule says, one split after the other: (max, sum) and each
+// lane's columns move onto the new max together. The fold is a short chain of multiply-adds; what costs is
+// reading the partials, so lane j loads the state of split j of each group of 32 (shuffled to every lane when
+// its turn comes) and the columns of 8 splits are loaded before any of them is folded.
 template <class T>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block) {
   const std::int64_t base = blockIdx.x;
@@ -20,32 +26,58 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * kMergeWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const std::int64_t Dv = p.v_head_dim;
+  const int Dv = static_cast<int>(p.v_head_dim);
   const std::int64_t stride = row_block * (3 + Dv);  // between one row's partials of consecutive splits
   const float* first_part = p.partial + (base * p.splits * row_block + r) * (3 + Dv);
+  const int splits = static_cast<int>(p.splits);
   float max = core::kNegInf, sum = 0.0f;
   bool poison = false;
-  for (std::int64_t s = 0; s < p.splits; ++s) {
-    const float* part = first_part + s * stride;
-    const core::MergeWeights w = core::merge_weights(max, part[0]);
-    sum = sum * w.wa + part[1] * w.wb;
-    poison |= part[2] != 0.0f;
-    max = w.max;
+  float acc[kMaxColumnsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = 0.0f;
+  for (int group = 0; group < splits; group += 32) {
+    const int in_group = min(32, splits - group);
+    float part_max = core::kNegInf, part_sum = 0.0f;
+    if (lane < in_group) {
+      const float* part = first_part + (group + lane) * stride;
+      part_max = part[0];
+      part_sum = part[1];
+      poison |= part[2] != 0.0f;
+    }
+    for (int k0 = 0; k0 < in_group; k0 += kSplitsInFlight) {
+      float x[kSplitsInFlight][kMaxColumnsPerLane];
+#pragma unroll
+      for (int k = 0; k < kSplitsInFlight; ++k) {
+        const float* part = first_part + (group + k0 + k) * stride + 3;
+#pragma unroll
+        for (int i = 0; i < kMaxColumnsPerLane; ++i) {
+          const int d = lane + 32 * i;
+          x[k][i] = k0 + k < in_group && d < Dv ? part[d] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kSplitsInFlight; ++k) {
+        const float m = __shfl_sync(0xffffffffu, part_max, (k0 + k) % 32);
+        const float s = __shfl_sync(0xffffffffu, part_sum, (k0 + k) % 32);
+        if (k0 + k >= in_group) continue;
+        const core::MergeWeights w = core::merge_weights(max, m);
+        sum = sum * w.wa + s * w.wb;
+#pragma unroll
+        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = acc[i] * w.wa + x[k][i] * w.wb;
+        max = w.max;
+      }
+    }
   }
+  poison = __any_sync(0xffffffffu, poison);
   const std::int64_t pair = first_row + r;
   const std::int64_t h = c.kvh * p.group + pair / p.q_len;
   const std::int64_t i = pair % p.q_len;
   const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
   T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
-  for (std::int64_t d = lane; d < Dv; d += 32) {
-    float m = core::kNegInf, acc = 0.0f;
-    for (std::int64_t s = 0; s < p.splits; ++s) {
-      const float* part = first_part + s * stride;
-      const core::MergeWeights w = core::merge_weights(m, part[0]);
-      acc = acc * w.wa + part[3 + d] * w.wb;
-      m = w.max;
-    }
-    out[d] = from_float<T>(finished_value(fin, acc));
+#pragma unroll
+  for (int k = 0; k < kMaxColumnsPerLane; ++k) {
+    const int d = lane + 32 * k;
+    if (d < Dv) out[d] = from_float<T>(finished_value(fin, acc[k]));
   }
   if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, h, i)] = fin.lse;
 }

@@ -109,6 +109,32 @@ TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
   }
 }
 
+// A decode step over a cache long enough that the default plan streams it through the wgmma kernel's TMA ring
+// (compute capability 9.0), split in key ranges: GQA, random key lengths (ranges that end inside a tile or hold
+// no key at all), the LSE.
+TEST(CudaAttention, LongDecodeTakesTheHopperKernelAndMatches) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0));
+  for (DType t : {DType::f16, DType::bf16}) {
+    CaseSpec spec;
+    spec.name = "long decode";
+    spec.batch = 4; spec.heads = 32; spec.kv_heads = 8; spec.q_len = 1; spec.k_len = 18000; spec.head_dim = 128;
+    spec.causal = true; spec.lse = true; spec.key_lengths = KeyLengths::Random;
+    SCOPED_TRACE(dtype_name(t));
+    CaseData data(spec, t, 7);
+    Attention op(data.problem(), cuda_config());
+    if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+      EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
+      EXPECT_NE(op.describe().find("split-k"), std::string::npos) << op.describe();
+    }
+    DeviceMirror dev(data);
+    dev.run(op);
+    EXPECT_LE(data.scaled_error(data.reference()), tolerance(t)) << op.describe();
+    EXPECT_TRUE(data.gaps_untouched());
+  }
+}
+
 TEST(CudaAttention, SplitKIsUsedForDecodeAndMatches) {
   SKIP_WITHOUT_GPU();
   CaseSpec spec;
