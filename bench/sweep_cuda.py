@@ -36,8 +36,8 @@ def settings(sq, group):
     out = [("plan", {})]
     for kern in KERNELS:
         out.append((kern, {"ATTNKIT_CUDA_KERNEL": kern}))
-        if sq * group <= 16:
-            out += [(f"{kern} x{s}", {"ATTNKIT_CUDA_KERNEL": kern, "ATTNKIT_CUDA_SPLITS": str(s)}) for s in SPLITS]
+        splits = SPLITS if sq * group <= 16 else ([1, 2, 4] if kern != "decode" else [])
+        out += [(f"{kern} x{s}", {"ATTNKIT_CUDA_KERNEL": kern, "ATTNKIT_CUDA_SPLITS": str(s)}) for s in splits]
     return out
 
 

@@ -87,12 +87,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const BlockCoord c = block_coord(p, block);
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
+  // warpgroup 0 alone, without turns: warpgroup 1 would spend the tensor cores on padding rows while the
+  // stream waits for both to release each slot.
+  const bool solo = rows <= 64;
+  const int consumer_threads = solo ? 128 : kConsumerThreads;
   if (tid == 0) {
     for (int i = 0; i < kSlots; ++i) {
       sm90::mbarrier_init(&k_full[i], 1);
       sm90::mbarrier_init(&v_full[i], 1);
-      sm90::mbarrier_init(&k_empty[i], kConsumerWarps);
-      sm90::mbarrier_init(&v_empty[i], kConsumerWarps);
+      sm90::mbarrier_init(&k_empty[i], consumer_threads / 32);
+      sm90::mbarrier_init(&v_empty[i], consumer_threads / 32);
     }
     sm90::fence_barrier_init();
   }
@@ -133,9 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
   sm90::set_max_registers_inc<kConsumerRegisters>();
+  if (solo && warp >= 8) return;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
-  for (int e = tid - 128; e < kRows * kChunks; e += kConsumerThreads) {  // Q rows (zeros for padded rows)
+  const int q_rows = solo ? 64 : kRows;
+  for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {  // Q rows (zeros for padded rows)
     const int r = e / kChunks, ch = e % kChunks;
     cp_async16(qs + swizzled_chunk(kRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
                r < rows);
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_commit();
   cp_async_wait_all();
   sm90::fence_proxy_async();
-  sm90::named_sync(kQBarrier, kConsumerThreads);
+  sm90::named_sync(kQBarrier, consumer_threads);
   const int warpgroup = warp / 4 - 1;
   const int r0 = (warp - 4) * 16 + lane / 4;
   float o[D / 8][4];
@@ -165,12 +172,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
     if (t0 < lo || t0 + kTileKeys > hi) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
-      for (int e = tid - 128; e < kTileKeys * (D / 8); e += kConsumerThreads) {
+      for (int e = tid - 128; e < kTileKeys * (D / 8); e += consumer_threads) {
         const int j = e / (D / 8), ch = e % (D / 8);
         if (t0 + j < lo || t0 + j >= hi) *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, ch)) = uint4{};
       }
       sm90::fence_proxy_async();
-      sm90::named_sync(kZeroFillBarrier, kConsumerThreads);
+      sm90::named_sync(kZeroFillBarrier, consumer_threads);
     }
   };
   // S = Q K_tᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a
@@ -229,10 +236,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
     sm90::mbarrier_wait(&k_full[0], 0);
-    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
     sm90::fence();
     issue_qk(0, s);
-    if (warpgroup == 0 || tiles > 1) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    if (!solo && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
     sm90::wait<0>();
     sm90::pin(s);
     release(&k_empty[0]);
@@ -247,14 +254,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     prepare_v(t - 1);
     sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
     sm90::pin(o);
-    sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
     float s[kTileKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     sm90::fence();
     issue_qk(t, s);
     issue_pv(t - 1);
-    if (warpgroup == 0 || t + 1 < tiles) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
+      sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    }
     sm90::wait<1>();
     sm90::pin(s);
     release(&k_empty[slot]);

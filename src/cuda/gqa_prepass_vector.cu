@@ -8,7 +8,8 @@
 //     token's rows ordered Q heads, K heads, V heads, so a 4096-token prompt runs 8 x 4096 x 48 / 32 warps at
 //     once instead of 4096 blocks walking 48 rows each.
 //   * Rotary pairs: split halves (x[i], x[i + half]) sit in lanes half / 8 apart, fetched by one shuffle per
-//     value; interleaved pairs (x[2i], x[2i + 1]) sit in one lane. Both need half a multiple of 8.
+//     value; interleaved pairs (x[2i], x[2i + 1]) sit in one lane. Both need half a multiple of 8; a lane's
+//     cos and sin values are contiguous (one 16- or 8-byte load each).
 //   * The RMS norm's sum of squares (float64) is folded over the row's L lanes by shuffles.
 //
 // Every lane of a warp runs the shuffles, also the lanes of a row past the grid's end or a row that needs no
@@ -39,6 +40,20 @@ __device__ __forceinline__ void load_values(const T* src, float (&x)[kValues]) {
     const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
     for (int i = 0; i < kValues; ++i) x[i] = to_float(e[i]);
+  }
+}
+
+// 4 values (a lane's cos or sin of interleaved pairs): 8 bytes of float16 / bfloat16, 16 of float32.
+template <class T>
+__device__ __forceinline__ void load_four(const T* src, float (&x)[kValues / 2]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+  } else {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int i = 0; i < kValues / 2; ++i) x[i] = to_float(e[i]);
   }
 }
 
@@ -140,13 +155,14 @@ __global__ void __launch_bounds__(kThreads) prepass_vector_kernel(const AppendSt
     const bool rotated = prepare && d0 < 2 * half;
     if (st.interleaved) {
       if (rotated) {
+        float c[kValues / 2], sn[kValues / 2];
+        load_four(cos_row + d0 / 2, c);
+        load_four(sin_row + d0 / 2, sn);
 #pragma unroll
         for (int j = 0; j < kValues / 2; ++j) {
-          const std::int64_t i = d0 / 2 + j;
-          const float c = to_float(cos_row[i]), sn = to_float(sin_row[i]);
           const float a = x[2 * j], bb = x[2 * j + 1];
-          x[2 * j] = rotate_first(a, bb, c, sn);
-          x[2 * j + 1] = rotate_second(a, bb, c, sn);
+          x[2 * j] = rotate_first(a, bb, c[j], sn[j]);
+          x[2 * j + 1] = rotate_second(a, bb, c[j], sn[j]);
         }
       }
     } else {
@@ -159,10 +175,12 @@ __global__ void __launch_bounds__(kThreads) prepass_vector_kernel(const AppendSt
       for (int i = 0; i < kValues; ++i) other[i] = __shfl_sync(0xffffffffu, x[i], partner & 31);
       if (rotated) {
         const std::int64_t i0 = first_half ? d0 : d0 - half;
+        float c[kValues], sn[kValues];
+        load_values(cos_row + i0, c);
+        load_values(sin_row + i0, sn);
 #pragma unroll
         for (int i = 0; i < kValues; ++i) {
-          const float c = to_float(cos_row[i0 + i]), sn = to_float(sin_row[i0 + i]);
-          x[i] = first_half ? rotate_first(x[i], other[i], c, sn) : rotate_second(other[i], x[i], c, sn);
+          x[i] = first_half ? rotate_first(x[i], other[i], c[i], sn[i]) : rotate_second(other[i], x[i], c[i], sn[i]);
         }
       }
     }
@@ -194,7 +212,11 @@ bool aligned(const void* base, const Layout& l, std::size_t element, std::size_t
 bool prepass_vector_supports(const AppendStep& s) {
   const std::int64_t H = s.head_size;
   if (H < kValues || H > 256 || (H & (H - 1)) != 0) return false;
-  if (s.rotary && s.rotary_half % kValues != 0) return false;
+  // Rotary: whole 8-value chunks on either side of a split-halves pair, cos / sin rows on 16 bytes.
+  if (s.rotary && (s.rotary_half % kValues != 0 || reinterpret_cast<std::uintptr_t>(s.cos_cache) % 16 != 0 ||
+                   reinterpret_cast<std::uintptr_t>(s.sin_cache) % 16 != 0)) {
+    return false;
+  }
   const std::size_t es = dtype_size(s.dtype);
   const bool inputs = aligned(s.query, s.q_in, es, 16) && aligned(s.key, s.k_in, es, 16) &&
                       aligned(s.value, s.v_in, es, 16) && reinterpret_cast<std::uintptr_t>(s.q_out) % 16 == 0;
