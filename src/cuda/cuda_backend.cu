@@ -15,9 +15,10 @@ namespace {
 constexpr std::int64_t kRowBlock = 64;
 constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
 constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
-// Many-row shapes (prefill) split a short key range only when their row blocks leave most SMs idle: on the
-// H200 a 512-key BERT layer of 96 blocks ran 15 us whole and 24 us in two ranges (partials of every row written
-// and merged), bench/sweep_cuda.py.
+// Many-row shapes (prefill) on tensor cores split a short key range only when their row blocks leave most SMs
+// idle: on the H200 a 512-key BERT layer of 96 blocks ran 15 us whole and 24 us in two ranges (partials of every
+// row written and merged), bench/sweep_cuda.py. The SIMT kernel (float32), slower per block, still gains from
+// the split there (132 against 199 us).
 constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
@@ -251,7 +252,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
     const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
     want = splits_for_rounds(base_blocks, resident, least, std::max(least, most));
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
-             (p.k_len >= 2 * kMinTileSplitKeys || 2 * base_blocks <= sms)) {
+             (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys || 2 * base_blocks <= sms)) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
   }
   if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
