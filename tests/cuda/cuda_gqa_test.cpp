@@ -311,7 +311,7 @@ TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
                         Kind{"PER_TENSOR", 8, 64, DType::bf16}, Kind{"PER_CHANNEL", 4, 128, DType::bf16},
                         Kind{"PER_TENSOR", 4, 64, DType::f16}}) {
     SCOPED_TRACE(std::string(k.quant) + " int" + std::to_string(k.bits) + " H " + std::to_string(k.head_size) + " " +
-                 dtype_name(k.dtype));
+                 std::string(dtype_name(k.dtype)));
     GqaOptions o;
     o.dtype = k.dtype;
     o.batch = 4, o.seq = 1, o.heads = 32, o.kv_heads = 8, o.head_size = k.head_size;
