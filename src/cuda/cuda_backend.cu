@@ -160,7 +160,8 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
                          decode_aligned(p.v, p.v_storage.type, p.dtype);
   const bool warpgroup_ok =
       allow_special && warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-      layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90();
+      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type) &&
+      device_is_sm90();
   const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                       layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
   const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
@@ -185,9 +186,11 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
   const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
+  // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
+  // tiles): a decode step's way, not a prefill's.
   const bool warpgroup_wanted =
       warpgroup_switch == "all" ||
-      (warpgroup_switch != "0" && ((group_rows > kRowBlock && whole_waves) || long_stream));
+      (warpgroup_switch != "0" && ((!quantized && group_rows > kRowBlock && whole_waves) || long_stream));
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&
@@ -236,7 +239,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
   plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
-  plan.row_block = decode ? kDecodeRows : warpgroup ? kWarpgroupRows : kRowBlock;
+  plan.row_block = decode ? kDecodeRows : warpgroup ? warpgroup_rows(p.k_storage.type) : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -269,7 +272,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   plan.blocks = base_blocks * plan.splits;
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
-                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim)
+                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =
       plan.splits > 1

@@ -295,6 +295,54 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
   }
 }
 
+// Decode steps over caches long enough that the plan streams them through the Hopper kernel (compute capability
+// 9.0), quantized ones included (raw tiles by TMA, turned into element tiles by the second warpgroup): the
+// output against the CPU op on the same inputs, every cache kind, both element types, head sizes 64 and 128.
+TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  struct Kind {
+    const char* quant;
+    std::int64_t bits, head_size;
+    DType dtype;
+  };
+  for (const Kind& k : {Kind{"NONE", 8, 128, DType::f16}, Kind{"PER_CHANNEL", 8, 128, DType::f16},
+                        Kind{"PER_TENSOR", 8, 64, DType::bf16}, Kind{"PER_CHANNEL", 4, 128, DType::bf16},
+                        Kind{"PER_TENSOR", 4, 64, DType::f16}}) {
+    SCOPED_TRACE(std::string(k.quant) + " int" + std::to_string(k.bits) + " H " + std::to_string(k.head_size) + " " +
+                 std::string(dtype_name(k.dtype)));
+    GqaOptions o;
+    o.dtype = k.dtype;
+    o.batch = 4, o.seq = 1, o.heads = 32, o.kv_heads = 8, o.head_size = k.head_size;
+    o.lengths = {17000, 9000, 12345, 17990};
+    o.present_rows = 18000;  // 4 x 8 x 18000 keys: a long stream on 132 SMs
+    o.shared = true;
+    o.rotary = true;
+    o.k_quant = o.v_quant = k.quant;
+    o.bits = k.bits;
+    GqaCall cpu = make_call(o);
+    GqaCall gpu = make_call(o);
+    DeviceCall d(gpu);
+    GroupQueryAttention cpu_op(cpu.attrs), gpu_op(gpu.attrs, cuda_config());
+    cpu_op.run(cpu.inputs(), cpu.outputs());
+    ASSERT_NO_THROW(gpu_op.run(d.inputs(), d.outputs()));
+    d.fetch();
+    if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr &&
+        std::getenv("ATTNKIT_CUDA_KERNEL") == nullptr) {
+      EXPECT_NE(gpu_op.describe().find("wgmma"), std::string::npos) << gpu_op.describe();
+    }
+    double diff = 0, top = 0;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(cpu.output.size() / cpu.es()); ++i) {
+      const double want = cpu.at(cpu.output, i), got = gpu.at(gpu.output, i);
+      diff = std::max(diff, std::isfinite(got) ? std::abs(want - got) : INFINITY);
+      top = std::max(top, std::abs(want));
+    }
+    EXPECT_LE(diff / top, 2 * testing::tolerance(o.dtype)) << gpu_op.describe();
+    EXPECT_EQ(cpu.present_key, gpu.present_key);  // the append quantizes the new rows alike
+  }
+}
+
 TEST(CudaGqa, BadInputWritesNothing) {
   SKIP_WITHOUT_GPU();
   GqaOptions o;
