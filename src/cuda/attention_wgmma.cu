@@ -80,6 +80,34 @@ constexpr std::size_t smem_bytes_for() {
 __device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
   return ((chunk / 8) * rows + row) * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
+
+// Q' = rotary(Q) in place in the swizzled Q tile (layout_rows rows), rows [0, rows) of the block, by `threads`
+// threads from index t: one pair per step, both of its values read before either is written, so no other
+// thread touches them.
+template <class T>
+__device__ void rotate_query(std::uint8_t* qs, int layout_rows, int rows, const RowTables& tables,
+                             const KernelParams& p, const BlockCoord& c, int t, int threads) {
+  const QueryRotary& rq = p.rotary;
+  const int half = static_cast<int>(rq.half);
+  const T* cos = static_cast<const T*>(rq.cos);
+  const T* sin = static_cast<const T*>(rq.sin);
+  auto element = [&](int r, int d) {
+    return reinterpret_cast<T*>(qs + swizzled_chunk(layout_rows, r, d / 8) + (d % 8) * 2);
+  };
+  for (int e = t; e < rows * half; e += threads) {
+    const int r = e / half, i = e % half;
+    const std::int64_t s = tables.query[r];
+    const std::int64_t position = rq.position_ids != nullptr
+                                      ? rq.position_ids[c.b * rq.position_row + s]
+                                      : rq.first_position[c.b * rq.first_position_stride] + s;
+    T* a = element(r, rq.interleaved ? 2 * i : i);
+    T* b = element(r, rq.interleaved ? 2 * i + 1 : i + half);
+    const float cs = to_float(cos[position * half + i]), sn = to_float(sin[position * half + i]);
+    const float x = to_float(*a), y = to_float(*b);
+    *a = from_float<T>(rotate_first(x, y, cs, sn));
+    *b = from_float<T>(rotate_second(x, y, cs, sn));
+  }
+}
 #endif
 
 template <class T, int D, class S>
@@ -252,9 +280,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_commit();
   cp_async_wait_all();
+  if (p.rotary.cos != nullptr) {  // a pair's two values may sit in chunks another thread copied
+    sm90::named_sync(kQBarrier, consumer_threads);
+    rotate_query<T>(qs, kBlockRows, min(rows, q_rows), tables, p, c, tid - 128, consumer_threads);
+    sm90::named_sync(kQBarrier, consumer_threads);
+  }
   if constexpr (kQuantized) {
-    // K's scales fold into Q (q . (k * s) = (q * s) . k), rounded to T like any element of Q; each thread its
-    // own chunks, just copied.
+    // K's scales fold into Q (q . (k * s) = (q * s) . k), rounded to T like any element of Q, after the rotary
+    // (the GQA pre-pass order: Q' first); each thread its own chunks, just copied (or, rotated, behind the
+    // barrier above).
     for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {
       const int r = e / kChunks, ch = e % kChunks;
       auto* chunk = reinterpret_cast<uint4*>(qs + swizzled_chunk(kBlockRows, r, ch));

@@ -309,19 +309,39 @@ std::string describe(const CudaPlan& plan) {
   return s;
 }
 
+namespace {
+
+// Whether the decode / wgmma kernel of `chosen` can run with these pointers (both need 16-byte-aligned bases,
+// which only the run sees; the wgmma kernel also needs TMA descriptors of K and V, into `maps`, and a layout TMA
+// cannot describe takes the fallback plan).
+bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen,
+                         WarpgroupMaps& maps) {
+  const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  if (chosen.kernel == CudaPlan::Kernel::Decode) return decode_fits;
+  if (chosen.kernel == CudaPlan::Kernel::Warpgroup) {
+    return decode_fits && pointer_aligned16(a.q.data) &&
+           warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan) {
+  WarpgroupMaps maps{};
+  return plan.kernel == CudaPlan::Kernel::Warpgroup && special_kernel_runs(p, a, plan, maps);
+}
+
 void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
-         bool check_key_lengths) {
+         bool check_key_lengths, const QueryRotary* rotary) {
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
-  const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
-  const bool warpgroup_fits = decode_fits && pointer_aligned16(a.q.data);
-  // The wgmma kernel also needs TMA descriptors of K and V; a layout TMA cannot describe takes the fallback.
   WarpgroupMaps maps{};
-  const bool falls_back =
-      (chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits) ||
-      (chosen.kernel == CudaPlan::Kernel::Warpgroup &&
-       !(warpgroup_fits && warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps)));
+  const bool falls_back = !special_kernel_runs(p, a, chosen, maps);
   const CudaPlan plan = falls_back ? plan_for(p, false) : chosen;
+  if (rotary != nullptr && plan.kernel != CudaPlan::Kernel::Warpgroup) {
+    throw RuntimeError("a query rotary reached a CUDA plan without the wgmma kernel (" + describe(plan) + ")");
+  }
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
   if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
     // The lengths live on the device: check them there, before any output is written.
@@ -341,6 +361,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   }
   if (plan.blocks == 0) return;
   KernelParams params = make_params(p, a, plan, partial);
+  if (rotary != nullptr) params.rotary = *rotary;
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;

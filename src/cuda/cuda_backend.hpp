@@ -4,6 +4,8 @@
 
 #include <attnkit/attention.hpp>
 
+#include "query_rotary.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,8 +40,12 @@ std::string describe(const CudaPlan& plan);
 // Runs on args.stream. Checks key lengths on the device first (one small kernel and a 4-byte copy) when the
 // problem has them; throws Error before launching anything if one is out of range.
 // check_key_lengths = false skips that check: for callers that made the lengths themselves (the GQA op).
+// rotary (the GQA op): Q is rotated as the kernel loads it; only where rotates_query says the run takes the wgmma
+// kernel (anything else throws RuntimeError before launching).
 void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
-         bool check_key_lengths = true);
+         bool check_key_lengths = true, const QueryRotary* rotary = nullptr);
+// Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary.
+bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);
