@@ -142,7 +142,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 // process can compare them:
 //   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
 //   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
-//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32 takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds).
 std::string env_value(const char* name) {
@@ -164,7 +165,14 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       device_is_sm90();
   const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                       layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+  // float32 rows on 16 bytes: 4 floats.
+  const auto aligned4 = [](const Layout& l) {
+    return l.offset % 4 == 0 && l.batch_stride % 4 == 0 && l.head_stride % 4 == 0 && l.row_stride % 4 == 0;
+  };
+  const bool tf32_ok = tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                       aligned4(p.q) && aligned4(p.k) && aligned4(p.v);
   const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+  if (forced == "tf32" && tf32_ok) return CudaPlan::Kernel::Tf32;
   if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
   if (forced == "mma" && mma_ok) return CudaPlan::Kernel::TensorCore;
   if (forced == "decode" && decode_ok) return CudaPlan::Kernel::Decode;
@@ -197,6 +205,8 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
   }
+  // float32 beyond a decode step's few rows: on the tensor cores at float32 accuracy.
+  if (tf32_ok && env_value("ATTNKIT_CUDA_TF32") != "0") return CudaPlan::Kernel::Tf32;
   return CudaPlan::Kernel::Simt;
 }
 
@@ -206,7 +216,8 @@ int resident_blocks(CudaPlan::Kernel kernel, const AttentionProblem& p) {
     case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
     case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
     case CudaPlan::Kernel::Warpgroup: return 1;
-    case CudaPlan::Kernel::Simt: break;
+    case CudaPlan::Kernel::Simt:
+    case CudaPlan::Kernel::Tf32: break;
   }
   return 2;
 }
@@ -270,7 +281,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
-  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
+                    : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                     : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
@@ -297,6 +309,7 @@ CudaPlan plan(const AttentionProblem& p) {
 
 std::string describe(const CudaPlan& plan) {
   const char* kernel = plan.kernel == CudaPlan::Kernel::Simt        ? "simt"
+                       : plan.kernel == CudaPlan::Kernel::Tf32      ? "tf32"
                        : plan.kernel == CudaPlan::Kernel::Decode    ? "decode"
                        : plan.kernel == CudaPlan::Kernel::Warpgroup ? "wgmma"
                                                                     : "tensor-core";
@@ -368,8 +381,9 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
   // Rows that do not start on 16 bytes (an odd base pointer) take the SIMT kernel; the plan assumed aligned ones.
-  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && pointer_aligned16(a.q.data) &&
-                            pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const bool aligned = pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
+  const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
@@ -380,6 +394,8 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
       launch_warpgroup(params, maps, p.dtype, blocks, stream);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
+    } else if (tf32) {
+      launch_tf32(params, blocks, stream);
     } else {
       launch_simt(params, p.dtype, blocks, simt_smem, stream);
     }
