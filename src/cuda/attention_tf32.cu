@@ -55,19 +55,27 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// c += a b for float32 a (4 A-fragment values) and b (2 B-fragment values), as three TF32 products.
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
-  std::uint32_t a_hi[4], a_lo[4];
+// An A fragment (4 float32 values) split once, for the several B fragments it multiplies.
+struct SplitA {
+  std::uint32_t hi[4], lo[4];
+};
+__device__ __forceinline__ SplitA split_a(const float (&a)[4]) {
+  SplitA r;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const Split s = split_tf32(a[i]);
-    a_hi[i] = s.hi;
-    a_lo[i] = s.lo;
+    r.hi[i] = s.hi;
+    r.lo[i] = s.lo;
   }
+  return r;
+}
+
+// c += a b for a split A fragment and float32 b (2 B-fragment values), as three TF32 products.
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const SplitA& a, float b0, float b1) {
   const Split s0 = split_tf32(b0), s1 = split_tf32(b1);
-  mma_tf32(c, a_lo, s0.hi, s1.hi);
-  mma_tf32(c, a_hi, s0.lo, s1.lo);
-  mma_tf32(c, a_hi, s0.hi, s1.hi);
+  mma_tf32(c, a.lo, s0.hi, s1.hi);
+  mma_tf32(c, a.hi, s0.lo, s1.lo);
+  mma_tf32(c, a.hi, s0.hi, s1.hi);
 }
 
 template <int D>
@@ -148,8 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
       for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D; kk += 8) {
-        const float a[4] = {qs[r0 * kPitch + kk + t], qs[(r0 + 8) * kPitch + kk + t], qs[r0 * kPitch + kk + t + 4],
-                            qs[(r0 + 8) * kPitch + kk + t + 4]};
+        const SplitA a = split_a({qs[r0 * kPitch + kk + t], qs[(r0 + 8) * kPitch + kk + t],
+                                  qs[r0 * kPitch + kk + t + 4], qs[(r0 + 8) * kPitch + kk + t + 4]});
 #pragma unroll
         for (int j = 0; j < kTileKeys / 8; ++j) {
           const float* key = kt + (j * 8 + g) * kPitch + kk + t;
@@ -187,10 +195,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
           a[half] = odd ? n1 : n0;      // column t of row g (+ 8)
           a[2 + half] = odd ? f1 : f0;  // column t + 4
         }
+        const SplitA pa = split_a(a);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
           const float* value = vt + (j * 8 + t) * kPitch + i * 8 + g;
-          mma_3xtf32(pv[i], a, value[0], value[4 * kPitch]);
+          mma_3xtf32(pv[i], pa, value[0], value[4 * kPitch]);
         }
       }
       rescale_accumulator<D>(o, alpha);
