@@ -1,9 +1,10 @@
 // Unit tests of the numerics core every backend is built from: which keys a row sees (VisibilityRule),
-// the online-softmax pieces (usable_max, rescale_factor, merge_weights, finish_row) and the score
-// transform (scale, softcap).
+// the online-softmax pieces (usable_max, rescale_factor, merge_weights, finish_row), the score
+// transform (scale, softcap) and the work split for whole rounds (parts_for_full_rounds).
 #include <core/online_softmax.hpp>
 #include <core/score_transform.hpp>
 #include <core/visibility.hpp>
+#include <core/work_rounds.hpp>
 
 #include <gtest/gtest.h>
 
@@ -227,6 +228,25 @@ TEST(Core, ScoreTransform) {
   // The scale applies before the cap.
   const core::ScoreTransform both{0.5f, 2.0f};
   EXPECT_NEAR(both(3.0f), 2.0 * std::tanh(1.5 / 2.0), 1e-6);
+}
+
+// The CUDA plan's decode splits on the H200 (132 SMs): the wgmma kernel holds 1 block per SM, the mma.sync
+// kernel 2.
+TEST(Core, PartsForFullRounds) {
+  EXPECT_DOUBLE_EQ(core::round_fill(132, 132), 1.0);
+  EXPECT_DOUBLE_EQ(core::round_fill(133, 132), 133.0 / 264.0);
+  EXPECT_DOUBLE_EQ(core::round_fill(0, 132), 0.0);
+  // batch 64 x 8 K/V heads: 512 blocks fill 3.9 rounds of 132 already.
+  EXPECT_EQ(core::parts_for_full_rounds(512, 132, 1, 16), 1);
+  // batch 8 x 8 K/V heads: 64 blocks are half a round; 2 ranges each fill 97% (not 33 ranges, 100%).
+  EXPECT_EQ(core::parts_for_full_rounds(64, 132, 1, 64), 2);
+  EXPECT_EQ(core::parts_for_full_rounds(64, 264, 1, 64), 4);
+  // A lower bound (the decode kernel's range limit) is kept even when fewer parts would fill the rounds.
+  EXPECT_EQ(core::parts_for_full_rounds(64, 132, 32, 64), 32);
+  // No count reaches 90%: the fullest, the smallest of equals.
+  EXPECT_EQ(core::parts_for_full_rounds(100, 132, 1, 1), 1);
+  EXPECT_EQ(core::parts_for_full_rounds(70, 132, 1, 3), 3);  // 70 (53%), 140 (53%), 210 (80%)
+  EXPECT_EQ(core::parts_for_full_rounds(80, 132, 1, 2), 1);  // 80 (61%), 160 (61%): equal, the fewer
 }
 
 }  // namespace

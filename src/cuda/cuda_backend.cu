@@ -3,6 +3,8 @@
 #include "cuda_backend.hpp"
 #include "kernel_launchers.hpp"
 
+#include "../core/work_rounds.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -222,25 +224,6 @@ int resident_blocks(CudaPlan::Kernel kernel, const AttentionProblem& p) {
   return 2;
 }
 
-// Key splits for a shape with few rows per K/V head (a decode step): every block streams its key range at
-// about one pace, so the grid is best a whole number of rounds of the blocks the GPU holds at once. Takes the
-// fewest splits from `least` up to `most` whose rounds are 90% full (every split costs a block prologue and a
-// share of the merge: the H200's b8 x 32k decode ran 268 us in 2 ranges, 324 us in 32 equally full ones), else
-// the fullest.
-std::int64_t splits_for_rounds(std::int64_t base_blocks, std::int64_t resident, std::int64_t least,
-                               std::int64_t most) {
-  auto fill = [&](std::int64_t s) {
-    const std::int64_t blocks = base_blocks * s;
-    return static_cast<double>(blocks) / static_cast<double>(ceil_div(blocks, resident) * resident);
-  };
-  std::int64_t best = least;
-  for (std::int64_t s = least; s <= most; ++s) {
-    if (fill(s) >= 0.9) return s;
-    if (fill(s) > fill(best)) best = s;
-  }
-  return best;
-}
-
 CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   CudaPlan plan;
   plan.sm_count = device_attribute(cudaDevAttrMultiProcessorCount);
@@ -257,14 +240,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   // Split long key ranges when the row blocks alone would not fill the GPU twice over (the tile kernels). The decode
   // kernel also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
   // Few rows per K/V head (a decode step): the work is streaming the cache, so the split count is chosen for
-  // whole rounds of resident blocks (splits_for_rounds), with at least one round.
+  // whole rounds of resident blocks (core::parts_for_full_rounds).
   const std::int64_t sms = plan.sm_count;
   const std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
   std::int64_t want = 1;
   if (plan.group_rows <= 16 && base_blocks > 0) {
     const std::int64_t resident = sms * resident_blocks(plan.kernel, p);
     const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
-    want = splits_for_rounds(base_blocks, resident, least, std::max(least, most));
+    want = core::parts_for_full_rounds(base_blocks, resident, least, std::max(least, most));
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
              (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys || 2 * base_blocks <= sms)) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
