@@ -46,7 +46,7 @@ constexpr std::size_t tile_bytes(int rows) {
 template <int D>
 constexpr std::size_t smem_bytes_for() {
   return 1024 + tile_bytes<D>(kRows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + 4 * kSlots * sizeof(std::uint64_t) +
-         (4 * kRows + 2) * sizeof(int);
+         (4 * kRows + kBlockKeyInts) * sizeof(int);
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
