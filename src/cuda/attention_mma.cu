@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   float* v_scales = k_scales + D;
   auto* raw_k = reinterpret_cast<std::byte*>(v_scales + D);     // quantized: [2][kTileKeys][kRawRow]
   std::byte* raw_v = raw_k + 2 * kTileKeys * kRawRow;
-  __shared__ int lo_hi[2];
+  __shared__ int lo_hi[kBlockKeyInts];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;

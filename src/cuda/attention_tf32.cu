@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
   float* qs = reinterpret_cast<float*>(smem_raw);  // [kRows][kPitch]
   float* ks = qs + kRows * kPitch;                 // [2][kTileKeys][kPitch]
   float* vs = ks + 2 * kTileKeys * kPitch;         // [2][kTileKeys][kPitch]
-  __shared__ int row_head[kRows], row_query[kRows], row_begin[kRows], row_end[kRows], lo_hi[2];
+  __shared__ int row_head[kRows], row_query[kRows], row_begin[kRows], row_end[kRows], lo_hi[kBlockKeyInts];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;

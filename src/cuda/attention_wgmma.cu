@@ -65,7 +65,7 @@ template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) +
-                      4 * kSlots * sizeof(std::uint64_t) + (4 * rows + 2) * sizeof(int);
+                      4 * kSlots * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
              4 * raw_slots<S>() * sizeof(std::uint64_t);
