@@ -9,7 +9,9 @@
 
 #include <omp.h>
 
+#include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace attnkit {
@@ -79,16 +81,25 @@ struct Attention::Impl {
 };
 
 namespace {
+// Every buffer of a call, by argument name (for the checks of where they live).
+std::array<std::pair<const char*, const void*>, 12> named_buffers(const AttentionArgs& a) {
+  return {{{"q", a.q.data},
+           {"k", a.k.data},
+           {"v", a.v.data},
+           {"o", a.o.data},
+           {"mask", a.mask.data},
+           {"key_lengths", a.key_lengths.data},
+           {"head_sink", a.head_sink.data},
+           {"causal_offsets", a.causal_offsets.data},
+           {"k_scale", a.k_scale.data},
+           {"v_scale", a.v_scale.data},
+           {"lse", a.lse.data},
+           {"scratch", a.scratch}}};
+}
+
 // A host backend handed device memory would fault: say so instead.
 void reject_device_pointers(const AttentionArgs& a) {
-  const std::pair<const char*, const void*> buffers[] = {
-      {"q", a.q.data},           {"k", a.k.data},
-      {"v", a.v.data},           {"o", a.o.data},
-      {"mask", a.mask.data},     {"key_lengths", a.key_lengths.data},
-      {"head_sink", a.head_sink.data}, {"causal_offsets", a.causal_offsets.data},
-      {"k_scale", a.k_scale.data}, {"v_scale", a.v_scale.data},
-      {"lse", a.lse.data},       {"scratch", a.scratch}};
-  for (const auto& [name, ptr] : buffers) {
+  for (const auto& [name, ptr] : named_buffers(a)) {
     if (cuda::is_device_pointer(ptr)) throw Error(name, "is CUDA device memory: run it with Backend::Cuda");
   }
 }
@@ -96,14 +107,7 @@ void reject_device_pointers(const AttentionArgs& a) {
 // The CUDA backend's kernels read every buffer on the device: a host pointer is refused by name (a kernel would
 // fault on it, after the output may have been partly written).
 void require_device_pointers(const AttentionArgs& a) {
-  const std::pair<const char*, const void*> buffers[] = {
-      {"q", a.q.data},           {"k", a.k.data},
-      {"v", a.v.data},           {"o", a.o.data},
-      {"mask", a.mask.data},     {"key_lengths", a.key_lengths.data},
-      {"head_sink", a.head_sink.data}, {"causal_offsets", a.causal_offsets.data},
-      {"k_scale", a.k_scale.data}, {"v_scale", a.v_scale.data},
-      {"lse", a.lse.data},       {"scratch", a.scratch}};
-  for (const auto& [name, ptr] : buffers) {
+  for (const auto& [name, ptr] : named_buffers(a)) {
     if (ptr != nullptr && !cuda::is_device_pointer(ptr)) {
       throw Error(name, "is host memory: the CUDA backend reads CUDA device (or managed) memory only");
     }
