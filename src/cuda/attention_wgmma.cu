@@ -81,31 +81,81 @@ __device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
   return ((chunk / 8) * rows + row) * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
-// Q' = rotary(Q) in place in the swizzled Q tile (layout_rows rows), rows [0, rows) of the block, by `threads`
-// threads from index t: one pair per step, both of its values read before either is written, so no other
-// thread touches them.
+// Q' = rotary(Q) from global memory into the swizzled Q tile (layout_rows rows; rows [rows, q_rows) get zeros),
+// the rotated chunks only: `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
+// chunk j), all loads of kBatch items issued before the first is worked on (each item waits on two dependent
+// loads, its position and its cos / sin row). The plain chunks past the rotary dimension are the caller's.
 template <class T>
-__device__ void rotate_query(std::uint8_t* qs, int layout_rows, int rows, const RowTables& tables,
-                             const KernelParams& p, const BlockCoord& c, int t, int threads) {
+__device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, int q_rows, const RowTables& tables,
+                                   const KernelParams& p, const BlockCoord& c, int t, int threads) {
+  constexpr int kBatch = 4;
   const QueryRotary& rq = p.rotary;
   const int half = static_cast<int>(rq.half);
+  const bool inter = rq.interleaved;
+  const int per_row = inter ? half / 4 : half / 8;  // items of a row
+  const T* q = static_cast<const T*>(p.q);
   const T* cos = static_cast<const T*>(rq.cos);
   const T* sin = static_cast<const T*>(rq.sin);
-  auto element = [&](int r, int d) {
-    return reinterpret_cast<T*>(qs + swizzled_chunk(layout_rows, r, d / 8) + (d % 8) * 2);
-  };
-  for (int e = t; e < rows * half; e += threads) {
-    const int r = e / half, i = e % half;
-    const std::int64_t s = tables.query[r];
-    const std::int64_t position = rq.position_ids != nullptr
-                                      ? rq.position_ids[c.b * rq.position_row + s]
-                                      : rq.first_position[c.b * rq.first_position_stride] + s;
-    T* a = element(r, rq.interleaved ? 2 * i : i);
-    T* b = element(r, rq.interleaved ? 2 * i + 1 : i + half);
-    const float cs = to_float(cos[position * half + i]), sn = to_float(sin[position * half + i]);
-    const float x = to_float(*a), y = to_float(*b);
-    *a = from_float<T>(rotate_first(x, y, cs, sn));
-    *b = from_float<T>(rotate_second(x, y, cs, sn));
+  for (int e0 = t; e0 < q_rows * per_row; e0 += kBatch * threads) {
+    uint4 x[kBatch], y[kBatch], cs[kBatch], sn[kBatch];
+    std::int64_t position[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row;
+      position[k] = 0;
+      if (e < q_rows * per_row && r < rows) {
+        const std::int64_t s = tables.query[r];
+        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s]
+                                                 : rq.first_position[c.b * rq.first_position_stride] + s;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row, j = e % per_row;
+      x[k] = y[k] = cs[k] = sn[k] = uint4{};
+      if (e < q_rows * per_row && r < rows) {
+        const T* row = q + p.lq.index(c.b, tables.head[r], tables.query[r]);
+        x[k] = *reinterpret_cast<const uint4*>(row + j * 8);
+        if (inter) {
+          const uint2 a = *reinterpret_cast<const uint2*>(cos + position[k] * half + j * 4);
+          const uint2 b = *reinterpret_cast<const uint2*>(sin + position[k] * half + j * 4);
+          cs[k] = uint4{a.x, a.y, 0u, 0u};
+          sn[k] = uint4{b.x, b.y, 0u, 0u};
+        } else {
+          y[k] = *reinterpret_cast<const uint4*>(row + (j + half / 8) * 8);
+          cs[k] = *reinterpret_cast<const uint4*>(cos + position[k] * half + j * 8);
+          sn[k] = *reinterpret_cast<const uint4*>(sin + position[k] * half + j * 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row, j = e % per_row;
+      if (e >= q_rows * per_row) break;
+      T* a = reinterpret_cast<T*>(&x[k]);
+      T* b = reinterpret_cast<T*>(&y[k]);
+      const T* cv = reinterpret_cast<const T*>(&cs[k]);
+      const T* sv = reinterpret_cast<const T*>(&sn[k]);
+      if (inter) {  // pairs (2i, 2i + 1) of the chunk
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float u = to_float(a[2 * i]), v = to_float(a[2 * i + 1]);
+          const float co = to_float(cv[i]), si = to_float(sv[i]);
+          a[2 * i] = from_float<T>(rotate_first(u, v, co, si));
+          a[2 * i + 1] = from_float<T>(rotate_second(u, v, co, si));
+        }
+      } else {  // pairs (i, i + half): element i of chunk j and of chunk j + half / 8
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float u = to_float(a[i]), v = to_float(b[i]);
+          const float co = to_float(cv[i]), si = to_float(sv[i]);
+          a[i] = from_float<T>(rotate_first(u, v, co, si));
+          b[i] = from_float<T>(rotate_second(u, v, co, si));
+        }
+        *reinterpret_cast<uint4*>(qs + swizzled_chunk(layout_rows, r, j + half / 8)) = y[k];
+      }
+      *reinterpret_cast<uint4*>(qs + swizzled_chunk(layout_rows, r, j)) = x[k];
+    }
   }
 }
 #endif
@@ -273,22 +323,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
   const int q_rows = solo ? 64 : kBlockRows;
-  for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {  // Q rows (zeros for padded rows)
-    const int r = e / kChunks, ch = e % kChunks;
+  // With a rotary (query_rotary_loads_chunks holds), the rotated chunks come through registers; the others, as
+  // without one, by cp.async (zeros for padded rows).
+  const bool rotary = p.rotary.cos != nullptr;
+  const int rotated_chunks = rotary ? static_cast<int>(p.rotary.half / 4) : 0;
+  for (int e = tid - 128; e < q_rows * (kChunks - rotated_chunks); e += consumer_threads) {
+    const int r = e / (kChunks - rotated_chunks), ch = rotated_chunks + e % (kChunks - rotated_chunks);
     cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
                r < rows);
   }
   cp_async_commit();
+  if (rotary) load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, tid - 128, consumer_threads);
   cp_async_wait_all();
-  if (p.rotary.cos != nullptr) {  // a pair's two values may sit in chunks another thread copied
-    sm90::named_sync(kQBarrier, consumer_threads);
-    rotate_query<T>(qs, kBlockRows, min(rows, q_rows), tables, p, c, tid - 128, consumer_threads);
-    sm90::named_sync(kQBarrier, consumer_threads);
-  }
+  // The fold below reads chunks in the copy order: with a rotary, other threads wrote some of them.
+  if (kQuantized && rotary) sm90::named_sync(kQBarrier, consumer_threads);
   if constexpr (kQuantized) {
     // K's scales fold into Q (q . (k * s) = (q * s) . k), rounded to T like any element of Q, after the rotary
-    // (the GQA pre-pass order: Q' first); each thread its own chunks, just copied (or, rotated, behind the
-    // barrier above).
+    // (the GQA pre-pass order: Q' first).
     for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {
       const int r = e / kChunks, ch = e % kChunks;
       auto* chunk = reinterpret_cast<uint4*>(qs + swizzled_chunk(kBlockRows, r, ch));

@@ -146,6 +146,7 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
 //   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32 takes that kernel wherever it supports the shape;
 //   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
+//   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds).
 std::string env_value(const char* name) {
@@ -323,9 +324,10 @@ bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, cons
 
 }  // namespace
 
-bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan) {
+bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, const QueryRotary& rotary) {
   WarpgroupMaps maps{};
-  return plan.kernel == CudaPlan::Kernel::Warpgroup && special_kernel_runs(p, a, plan, maps);
+  return env_value("ATTNKIT_CUDA_QUERY_ROTARY") != "0" && plan.kernel == CudaPlan::Kernel::Warpgroup &&
+         query_rotary_loads_chunks(rotary, dtype_size(p.dtype)) && special_kernel_runs(p, a, plan, maps);
 }
 
 void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
@@ -335,8 +337,9 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   WarpgroupMaps maps{};
   const bool falls_back = !special_kernel_runs(p, a, chosen, maps);
   const CudaPlan plan = falls_back ? plan_for(p, false) : chosen;
-  if (rotary != nullptr && plan.kernel != CudaPlan::Kernel::Warpgroup) {
-    throw RuntimeError("a query rotary reached a CUDA plan without the wgmma kernel (" + describe(plan) + ")");
+  if (rotary != nullptr && (plan.kernel != CudaPlan::Kernel::Warpgroup ||
+                            !query_rotary_loads_chunks(*rotary, dtype_size(p.dtype)))) {
+    throw RuntimeError("a query rotary reached a CUDA plan that cannot apply it (" + describe(plan) + ")");
   }
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
   if (check_key_lengths && p.has_key_lengths && p.batch > 0) {

@@ -44,8 +44,10 @@ std::string describe(const CudaPlan& plan);
 // kernel (anything else throws RuntimeError before launching).
 void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
          bool check_key_lengths = true, const QueryRotary* rotary = nullptr);
-// Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary.
-bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan);
+// Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary, and that kernel can
+// apply this one (query_rotary_loads_chunks).
+bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan,
+                   const QueryRotary& rotary);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);

@@ -11,7 +11,7 @@ std::string describe(const CudaPlan&) { return "cuda (not built)"; }
 void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*) {
   throw Error("config.backend", "the CUDA backend is not part of this build");
 }
-bool rotates_query(const AttentionProblem&, const AttentionArgs&, const CudaPlan&) { return false; }
+bool rotates_query(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, const QueryRotary&) { return false; }
 void* device_alloc(std::size_t) { return nullptr; }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }

@@ -2,6 +2,7 @@
 // is then never written to memory and read back). Plain C++: the host code fills it, KernelParams carries it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace attnkit::cuda {
@@ -20,5 +21,13 @@ struct QueryRotary {
   const std::int32_t* first_position = nullptr;  // device
   std::int64_t first_position_stride = 1;
 };
+
+// The wgmma kernel loads a rotated row in 16-byte chunks of Q with the cos / sin values of its pairs in one
+// load (16 bytes; interleaved: 8): half a multiple of 8 (interleaved: 4), cos and sin aligned to that load.
+inline bool query_rotary_loads_chunks(const QueryRotary& r, std::size_t element_bytes) {
+  const std::size_t values = r.interleaved ? 4 : 8;
+  const auto aligned = [&](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % (values * element_bytes) == 0; };
+  return r.half > 0 && r.half % static_cast<std::int64_t>(values) == 0 && aligned(r.cos) && aligned(r.sin);
+}
 
 }  // namespace attnkit::cuda

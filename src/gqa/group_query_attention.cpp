@@ -379,12 +379,17 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     plans.clear();
     for (const CoreCall& c : calls) plans.push_back(cuda::plan(c.problem));
   };
+  cuda::QueryRotary rotary;  // its device positions are filled in below
+  rotary.cos = g.cos_cache;
+  rotary.sin = g.sin_cache;
+  rotary.half = g.rotary_half;
+  rotary.interleaved = g.interleaved;
   bool rotate_in_core = false;
   if (g.rotary && !g.qk_norm) {
     plan_calls(false, in.query.elements());
     rotate_in_core = true;
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      rotate_in_core = rotate_in_core && cuda::rotates_query(calls[i].problem, calls[i].args, plans[i]);
+      rotate_in_core = rotate_in_core && cuda::rotates_query(calls[i].problem, calls[i].args, plans[i], rotary);
     }
   }
   const bool prepare_q = (g.qk_norm || g.rotary) && !rotate_in_core;
@@ -509,12 +514,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   st.value_cache = value_cache;
   st.rows = d_rows;
   cuda::launch_append(st, config.stream);
-  cuda::QueryRotary rotary;
   if (rotate_in_core) {
-    rotary.cos = g.cos_cache;
-    rotary.sin = g.sin_cache;
-    rotary.half = g.rotary_half;
-    rotary.interleaved = g.interleaved;
     rotary.position_ids = d_positions;
     rotary.position_row = g.position_row;
     // The position of new token 0 is each batch entry's DeviceBatchRows::past.

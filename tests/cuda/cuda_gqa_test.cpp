@@ -369,6 +369,19 @@ TEST(CudaGqa, LargePrefillRotatesQueryInTheAttentionKernel) {
     o.packed = interleaved;
     expect_gpu_matches_cpu(o, "Q rotary in the attention kernel");
   }
+  // A rotary half the kernel cannot load in 16-byte chunks (44 of 64) stays in the pre-pass.
+  GqaOptions o;
+  o.dtype = DType::f16;
+  o.batch = 1, o.seq = 1500, o.heads = 32, o.kv_heads = 8, o.head_size = 128;
+  o.lengths = {1500};
+  o.rotary = true;
+  o.rotary_half = 44;
+  expect_gpu_matches_cpu(o, "");
+  GqaCall c = make_call(o);
+  DeviceCall d(c);
+  GroupQueryAttention op(c.attrs, cuda_config());
+  op.run(d.inputs(), d.outputs());
+  EXPECT_EQ(op.describe().find("Q rotary in the attention kernel"), std::string::npos) << op.describe();
 }
 
 TEST(CudaGqa, BadInputWritesNothing) {
