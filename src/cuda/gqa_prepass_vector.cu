@@ -5,8 +5,8 @@
 //   * A head row is read by L = head_size / 8 consecutive lanes, 8 values each (one 16-byte load of float16 /
 //     bfloat16, two of float32), so a warp holds 32 / L rows and one load per lane brings a whole row in.
 //   * Rows are spread over the grid, not walked by a block: row i of the grid is (token, row-of-token) with the
-//     token's rows ordered Q heads, K heads, V heads; a thread carries 4 rows, all 4 loads in flight before the
-//     first row is worked on.
+//     token's rows ordered Q heads, K heads, V heads, so a 4096-token prompt runs 8 x 4096 x 48 / 32 warps at
+//     once instead of 4096 blocks walking 48 rows each.
 //   * Rotary pairs: split halves (x[i], x[i + half]) sit in lanes half / 8 apart, fetched by one shuffle per
 //     value; interleaved pairs (x[2i], x[2i + 1]) sit in one lane. Both need half a multiple of 8; a lane's
 //     cos and sin values are contiguous (one 16- or 8-byte load each).
@@ -26,7 +26,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kValues = 8;  // per lane
-constexpr int kRowsPerThread = 4;
 
 template <class T>
 __device__ __forceinline__ void load_values(const T* src, float (&x)[kValues]) {
@@ -108,34 +107,32 @@ __device__ __forceinline__ void store_cache_values(const float (&x)[kValues], co
   }
 }
 
-// One head row of the pre-pass: which tensor and head it is, where it comes from.
-struct HeadRow {
-  bool live, is_q, is_k;
-  std::int64_t b, s, h;
-};
-
-__device__ __forceinline__ HeadRow locate_row(const AppendStep& st, std::int64_t item) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) prepass_vector_kernel(const AppendStep st, int lanes_per_row) {
+  const int L = lanes_per_row;
+  const int lane = threadIdx.x % 32;
+  const int part = lane % L;
+  const std::int64_t H = st.head_size;
+  const std::int64_t d0 = static_cast<std::int64_t>(part) * kValues;
   const std::int64_t q_rows = st.q_out != nullptr ? st.heads : 0;
   const std::int64_t per_token = q_rows + 2 * st.kv_heads;
-  HeadRow row{};
-  row.live = item < st.batch * st.seq * per_token;
-  const std::int64_t token = row.live ? item / per_token : 0;
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * (kThreads / L) + threadIdx.x / L;
+  const bool live = item < st.batch * st.seq * per_token;
+  const std::int64_t token = live ? item / per_token : 0;
   const std::int64_t r = item - token * per_token;
-  row.b = token / st.seq;
-  row.s = token % st.seq;
-  row.is_q = r < q_rows;
-  row.is_k = !row.is_q && r < q_rows + st.kv_heads;
-  row.h = row.is_q ? r : (row.is_k ? r - q_rows : r - q_rows - st.kv_heads);
-  return row;
-}
+  const std::int64_t b = token / st.seq;
+  const std::int64_t s = token % st.seq;
+  const bool is_q = r < q_rows;
+  const bool is_k = !is_q && r < q_rows + st.kv_heads;
+  const std::int64_t h = is_q ? r : (is_k ? r - q_rows : r - q_rows - st.kv_heads);
+  const bool prepare = live && (is_q || is_k);
 
-// Norm, rotary, rounding and the store of one head row whose values this lane holds in x.
-template <class T>
-__device__ __forceinline__ void finish_row(const AppendStep& st, const HeadRow& row, float (&x)[kValues], int L,
-                                           int lane, std::int64_t d0) {
-  const std::int64_t H = st.head_size;
-  const bool prepare = row.live && (row.is_q || row.is_k);
-  const std::int64_t b = row.b, s = row.s, h = row.h;
+  float x[kValues] = {};
+  if (live) {
+    const T* src = static_cast<const T*>(is_q ? st.query : is_k ? st.key : st.value) +
+                   (is_q ? st.q_in : is_k ? st.k_in : st.v_in).index(b, h, s);
+    load_values(src + d0, x);
+  }
   if (st.qk_norm) {
     // x * rsqrt(mean(x^2) + eps) * w, in float64 like the CPU unit.
     double squares = 0.0;
@@ -144,15 +141,15 @@ __device__ __forceinline__ void finish_row(const AppendStep& st, const HeadRow& 
     for (int o = L / 2; o >= 1; o >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, o);
     if (prepare) {
       const double inv_rms = 1.0 / sqrt(squares / static_cast<double>(H) + static_cast<double>(st.norm_epsilon));
-      const T* w = static_cast<const T*>(row.is_q ? st.q_norm_weight : st.k_norm_weight);
+      const T* w = static_cast<const T*>(is_q ? st.q_norm_weight : st.k_norm_weight);
 #pragma unroll
       for (int i = 0; i < kValues; ++i) x[i] = static_cast<float>(__dmul_rn(__dmul_rn(x[i], inv_rms), to_float(w[d0 + i])));
     }
   }
   if (st.rotary) {
     const std::int64_t half = st.rotary_half;
-    const DeviceBatchRows br = st.rows[row.live ? b : 0];
-    const std::int64_t position = row.live ? rotary_position(st, br, b, s) : 0;
+    const DeviceBatchRows br = st.rows[live ? b : 0];
+    const std::int64_t position = live ? rotary_position(st, br, b, s) : 0;
     const T* cos_row = static_cast<const T*>(st.cos_cache) + position * half;
     const T* sin_row = static_cast<const T*>(st.sin_cache) + position * half;
     const bool rotated = prepare && d0 < 2 * half;
@@ -188,47 +185,20 @@ __device__ __forceinline__ void finish_row(const AppendStep& st, const HeadRow& 
       }
     }
   }
-  if (!row.live) return;
+  if (!live) return;
   // Q' and the new K rows are tensors of the query's type (what a quantized cache quantizes).
   if (prepare) {
 #pragma unroll
     for (int i = 0; i < kValues; ++i) x[i] = round_to<T>(x[i]);
   }
-  if (row.is_q) {
+  if (is_q) {
     store_values(static_cast<T*>(st.q_out) + ((b * st.seq + s) * st.heads + h) * H + d0, x);
     return;
   }
-  const DeviceCache& cache = row.is_k ? st.key_cache : st.value_cache;
+  const DeviceCache& cache = is_k ? st.key_cache : st.value_cache;
   const DeviceBatchRows br = st.rows[b];
-  std::byte* dst = cache.data + ((b * st.kv_heads + h) * cache.capacity + br.write_row + s) * cache.row_bytes;
-  store_cache_values<T>(x, cache, h, H, d0, dst);
-}
-
-// A thread carries kRowsPerThread head rows (rows_per_block apart), their loads issued before any is worked on,
-// so that more bytes are in flight per thread and the grid has fewer, longer blocks.
-template <class T>
-__global__ void __launch_bounds__(kThreads) prepass_vector_kernel(const AppendStep st, int lanes_per_row) {
-  const int L = lanes_per_row;
-  const int lane = threadIdx.x % 32;
-  const std::int64_t d0 = static_cast<std::int64_t>(lane % L) * kValues;
-  const std::int64_t rows_per_block = kThreads / L;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRowsPerThread * rows_per_block + threadIdx.x / L;
-  HeadRow rows[kRowsPerThread];
-  float x[kRowsPerThread][kValues];
-#pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    rows[j] = locate_row(st, first + j * rows_per_block);
-    const HeadRow& row = rows[j];
-#pragma unroll
-    for (int i = 0; i < kValues; ++i) x[j][i] = 0.0f;
-    if (row.live) {
-      const T* src = static_cast<const T*>(row.is_q ? st.query : row.is_k ? st.key : st.value) +
-                     (row.is_q ? st.q_in : row.is_k ? st.k_in : st.v_in).index(row.b, row.h, row.s);
-      load_values(src + d0, x[j]);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) finish_row<T>(st, rows[j], x[j], L, lane, d0);
+  std::byte* row = cache.data + ((b * st.kv_heads + h) * cache.capacity + br.write_row + s) * cache.row_bytes;
+  store_cache_values<T>(x, cache, h, H, d0, row);
 }
 
 bool aligned(const void* base, const Layout& l, std::size_t element, std::size_t bytes) {
@@ -262,7 +232,7 @@ void launch_prepass_vector(const AppendStep& s, void* stream_handle) {
   auto stream = static_cast<cudaStream_t>(stream_handle);
   const int lanes_per_row = static_cast<int>(s.head_size / kValues);
   const std::int64_t rows = s.batch * s.seq * ((s.q_out != nullptr ? s.heads : 0) + 2 * s.kv_heads);
-  const std::int64_t rows_per_block = kThreads / lanes_per_row * kRowsPerThread;
+  const std::int64_t rows_per_block = kThreads / lanes_per_row;
   const auto grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   switch (s.dtype) {
     case DType::f32: prepass_vector_kernel<float><<<grid, kThreads, 0, stream>>>(s, lanes_per_row); break;
