@@ -20,6 +20,9 @@
 
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace attnkit::cuda {
 namespace {
 
@@ -561,10 +564,40 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                       : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // A map describes an address and a geometry only (no driver resource), so the same arguments give the same
+  // map: the last few are kept per thread. A decode loop asks for the same two every step, and the encode is
+  // host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
+  struct Entry {
+    std::uintptr_t start;
+    cuuint64_t dims[4], strides[3];
+    cuuint32_t box[2];
+    int element;
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry entries[kEntries];
+  thread_local int used = 0, next = 0;
+  const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
+                  {strides[0], strides[1], strides[2]}, {box[0], box[1]}, static_cast<int>(element), {}};
+  const auto same = [&](const Entry& e) {
+    return e.start == key.start && e.element == key.element && e.box[0] == key.box[0] && e.box[1] == key.box[1] &&
+           std::equal(e.dims, e.dims + 4, key.dims) && std::equal(e.strides, e.strides + 3, key.strides);
+  };
+  for (int i = 0; i < used; ++i) {
+    if (same(entries[i])) {
+      map = entries[i].map;
+      return true;
+    }
+  }
   const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS) return false;
+  entries[next] = key;
+  entries[next].map = map;
+  next = (next + 1) % kEntries;
+  used = used < kEntries ? used + 1 : kEntries;
+  return true;
 }
 
 }  // namespace
