@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Where a GroupQueryAttention step's GPU time goes: the kernels one step launches (pre-pass, cache moves,
 attention, split-K merge, copies) with their GPU time per step, from the PyTorch profiler (CUPTI), for the
-steps of bench_gqa_cuda.py (Llama-3-8B heads, rotary on). A tool for finding the next thing to speed up.
+steps of bench_gqa_cuda.py (Llama-3-8B heads, rotary on). Also the host's time per call (queued
+alone and in a loop) and the CUDA calls it makes. A tool for finding the next thing to speed up.
 
 Run (on a GPU machine, with attnkit built with CUDA on PYTHONPATH):
   python3 bench/profile_gqa.py [--steps 20]
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -21,6 +24,7 @@ from bench_gqa_cuda import make_call  # noqa: E402
 CASES = [  # label, batch, new tokens, cache length, cache type, shared buffer
     ("prefill b1 s4096 float16", 1, 4096, 4096, "float16", False),
     ("decode b64 cache4k float16", 64, 1, 4096, "float16", True),
+    ("decode b64 cache4k int8", 64, 1, 4096, "int8", True),
     ("decode b8 cache32k float16", 8, 1, 32768, "float16", True),
     ("decode b8 cache32k int8", 8, 1, 32768, "int8", True),
 ]
@@ -35,20 +39,40 @@ def main():
         for _ in range(3):
             attnkit.group_query_attention(**kw)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        # The host's time per call with the GPU idle before it (what the call costs the host to queue), and per
+        # call over a loop of calls (the GPU's pace when the host keeps ahead, else the host's).
+        alone = []
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            attnkit.group_query_attention(**kw)
+            alone.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            attnkit.group_query_attention(**kw)
+        torch.cuda.synchronize()
+        loop = (time.perf_counter() - t0) * 1e6 / args.steps
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 attnkit.group_query_attention(**kw)
             torch.cuda.synchronize()
-        kernels = {}
+        kernels, host = {}, {}
         for e in prof.events():
+            name = e.name if len(e.name) < 70 else e.name[:67] + "..."
             if e.device_type == torch.autograd.DeviceType.CUDA:
-                name = e.name if len(e.name) < 70 else e.name[:67] + "..."
                 total, count = kernels.get(name, (0.0, 0))
                 kernels[name] = (total + e.device_time, count + 1)
+            elif name.startswith("cu"):  # CUDA runtime / driver calls seen on the host
+                total, count = host.get(name, (0.0, 0))
+                host[name] = (total + e.cpu_time, count + 1)
         step = sum(t for t, _ in kernels.values()) / args.steps
-        print(f"== {label}: {step:.1f} us of GPU work per step")
+        print(f"== {label}: {step:.1f} us of GPU work per step; host {statistics.median(alone):.1f} us per call "
+              f"queued alone, {loop:.1f} us per call in a loop")
         for name, (total, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
             print(f"  {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
+        for name, (total, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[:8]:
+            print(f"  host {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
         del kw
         torch.cuda.empty_cache()
 

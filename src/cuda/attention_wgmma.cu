@@ -16,8 +16,12 @@
 #include "fragment_softmax.cuh"
 #include "hopper.cuh"
 #include "kernel_launchers.hpp"
+#include "stored_pairs.cuh"
 
 #include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
 
 namespace attnkit::cuda {
 namespace {
@@ -42,11 +46,34 @@ template <int D>
 constexpr std::size_t tile_bytes(int rows) {
   return static_cast<std::size_t>(rows) * D * 2;
 }
-// Q, the K and V slots, their barriers, the row tables, and 1024 bytes to align the tiles on the swizzle pattern.
-template <int D>
+
+// A quantized cache (S int8 or int4, T the query's type): blocks of 64 rows on consumer warpgroup 0, while
+// warpgroup 1 turns the stored tiles, streamed by TMA into a ring of raw slots, into element-type tiles of the
+// stored integers (exactly) in the K and V slots. int4 tiles are half the bytes of int8 ones: twice the slots
+// keep the same bytes in flight.
+template <class T, class S>
+constexpr bool kQuantizedStorage = !std::is_same_v<S, T>;
+template <class T, class S>
+constexpr int block_rows() {
+  return kQuantizedStorage<T, S> ? 64 : kRows;
+}
+template <class S>
+constexpr int raw_slots() {
+  return std::is_same_v<S, Int4Tag> ? 2 * kSlots : kSlots;
+}
+
+// Q, the K and V slots, (quantized) the raw slots, the barriers, the row tables, and 1024 bytes to align the
+// tiles on the swizzle pattern.
+template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
-  return 1024 + tile_bytes<D>(kRows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + 4 * kSlots * sizeof(std::uint64_t) +
-         (4 * kRows + 2) * sizeof(int);
+  constexpr int rows = block_rows<T, S>();
+  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) +
+                      4 * kSlots * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
+  if (kQuantizedStorage<T, S>) {
+    bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
+             4 * raw_slots<S>() * sizeof(std::uint64_t);
+  }
+  return bytes;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -56,27 +83,116 @@ constexpr std::size_t smem_bytes_for() {
 __device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
   return ((chunk / 8) * rows + row) * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
+
+// Q' = rotary(Q) from global memory into the swizzled Q tile (layout_rows rows; rows [rows, q_rows) get zeros),
+// the rotated chunks only: `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
+// chunk j), all loads of kBatch items issued before the first is worked on (each item waits on two dependent
+// loads, its position and its cos / sin row). The plain chunks past the rotary dimension are the caller's.
+template <class T>
+__device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, int q_rows, const RowTables& tables,
+                                   const KernelParams& p, const BlockCoord& c, int t, int threads) {
+  constexpr int kBatch = 4;
+  const QueryRotary& rq = p.rotary;
+  const int half = static_cast<int>(rq.half);
+  const bool inter = rq.interleaved;
+  const int per_row = inter ? half / 4 : half / 8;  // items of a row
+  const T* q = static_cast<const T*>(p.q);
+  const T* cos = static_cast<const T*>(rq.cos);
+  const T* sin = static_cast<const T*>(rq.sin);
+  for (int e0 = t; e0 < q_rows * per_row; e0 += kBatch * threads) {
+    uint4 x[kBatch], y[kBatch], cs[kBatch], sn[kBatch];
+    std::int64_t position[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row;
+      position[k] = 0;
+      if (e < q_rows * per_row && r < rows) {
+        const std::int64_t s = tables.query[r];
+        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s]
+                                                 : rq.first_position[c.b * rq.first_position_stride] + s;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row, j = e % per_row;
+      x[k] = y[k] = cs[k] = sn[k] = uint4{};
+      if (e < q_rows * per_row && r < rows) {
+        const T* row = q + p.lq.index(c.b, tables.head[r], tables.query[r]);
+        x[k] = *reinterpret_cast<const uint4*>(row + j * 8);
+        if (inter) {
+          const uint2 a = *reinterpret_cast<const uint2*>(cos + position[k] * half + j * 4);
+          const uint2 b = *reinterpret_cast<const uint2*>(sin + position[k] * half + j * 4);
+          cs[k] = uint4{a.x, a.y, 0u, 0u};
+          sn[k] = uint4{b.x, b.y, 0u, 0u};
+        } else {
+          y[k] = *reinterpret_cast<const uint4*>(row + (j + half / 8) * 8);
+          cs[k] = *reinterpret_cast<const uint4*>(cos + position[k] * half + j * 8);
+          sn[k] = *reinterpret_cast<const uint4*>(sin + position[k] * half + j * 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int e = e0 + k * threads, r = e / per_row, j = e % per_row;
+      if (e >= q_rows * per_row) break;
+      T* a = reinterpret_cast<T*>(&x[k]);
+      T* b = reinterpret_cast<T*>(&y[k]);
+      const T* cv = reinterpret_cast<const T*>(&cs[k]);
+      const T* sv = reinterpret_cast<const T*>(&sn[k]);
+      if (inter) {  // pairs (2i, 2i + 1) of the chunk
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float u = to_float(a[2 * i]), v = to_float(a[2 * i + 1]);
+          const float co = to_float(cv[i]), si = to_float(sv[i]);
+          a[2 * i] = from_float<T>(rotate_first(u, v, co, si));
+          a[2 * i + 1] = from_float<T>(rotate_second(u, v, co, si));
+        }
+      } else {  // pairs (i, i + half): element i of chunk j and of chunk j + half / 8
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float u = to_float(a[i]), v = to_float(b[i]);
+          const float co = to_float(cv[i]), si = to_float(sv[i]);
+          a[i] = from_float<T>(rotate_first(u, v, co, si));
+          b[i] = from_float<T>(rotate_second(u, v, co, si));
+        }
+        *reinterpret_cast<uint4*>(qs + swizzled_chunk(layout_rows, r, j + half / 8)) = y[k];
+      }
+      *reinterpret_cast<uint4*>(qs + swizzled_chunk(layout_rows, r, j)) = x[k];
+    }
+  }
+}
 #endif
 
-template <class T, int D>
+template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
+  constexpr bool kQuantized = kQuantizedStorage<T, S>;
+  constexpr int kBlockRows = block_rows<T, S>();
   constexpr int kTileKeys = tile_keys_for(D);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
-  std::uint8_t* const qs = base;                                   // [D / 64][kRows][64]
-  std::uint8_t* const ks = qs + tile_bytes<D>(kRows);              // [kSlots][D / 64][kTileKeys][64]
+  constexpr int kRawSlots = raw_slots<S>();
+  constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
+  constexpr int kRawTileBytes = kQuantized ? kTileKeys * kRawRow : 0;
+  std::uint8_t* const qs = base;                                   // [D / 64][kBlockRows][64]
+  std::uint8_t* const ks = qs + tile_bytes<D>(kBlockRows);         // [kSlots][D / 64][kTileKeys][64]
   std::uint8_t* const vs = ks + kSlots * kTileBytes;               // [kSlots][D / 64][kTileKeys][64]
-  auto* const bars = reinterpret_cast<std::uint64_t*>(vs + kSlots * kTileBytes);
+  std::uint8_t* const raw_k = vs + kSlots * kTileBytes;            // quantized: [kRawSlots][kTileKeys][kRawRow]
+  std::uint8_t* const raw_v = raw_k + kRawSlots * kRawTileBytes;
+  auto* const bars = reinterpret_cast<std::uint64_t*>(raw_v + kRawSlots * kRawTileBytes);
   std::uint64_t* const k_full = bars;
   std::uint64_t* const v_full = bars + kSlots;
   std::uint64_t* const k_empty = bars + 2 * kSlots;
   std::uint64_t* const v_empty = bars + 3 * kSlots;
-  int* const tables_mem = reinterpret_cast<int*>(bars + 4 * kSlots);
-  const RowTables tables{tables_mem, tables_mem + kRows, tables_mem + 2 * kRows, tables_mem + 3 * kRows,
-                         tables_mem + 4 * kRows};
+  std::uint64_t* const raw_k_full = bars + 4 * kSlots;  // quantized: the raw ring's barriers
+  std::uint64_t* const raw_v_full = raw_k_full + kRawSlots;
+  std::uint64_t* const raw_k_empty = raw_v_full + kRawSlots;
+  std::uint64_t* const raw_v_empty = raw_k_empty + kRawSlots;
+  int* const tables_mem = reinterpret_cast<int*>(bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0));
+  const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
+                         tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
 
   const int tid = threadIdx.x;
   // Broadcast from lane 0, so that the compiler knows the warp index (and the role branch below) is
@@ -85,23 +201,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
-  const std::int64_t first_row = c.row_block * kRows;
-  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  const std::int64_t first_row = c.row_block * kBlockRows;
+  const int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
   // warpgroup 0 alone, without turns: warpgroup 1 would spend the tensor cores on padding rows while the
   // stream waits for both to release each slot.
   const bool solo = rows <= 64;
   const int consumer_threads = solo ? 128 : kConsumerThreads;
+  // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
+  // converting warps; the raw slots by the TMA, emptied by the converting warps.
   if (tid == 0) {
     for (int i = 0; i < kSlots; ++i) {
-      sm90::mbarrier_init(&k_full[i], 1);
-      sm90::mbarrier_init(&v_full[i], 1);
+      sm90::mbarrier_init(&k_full[i], kQuantized ? 4 : 1);
+      sm90::mbarrier_init(&v_full[i], kQuantized ? 4 : 1);
       sm90::mbarrier_init(&k_empty[i], consumer_threads / 32);
       sm90::mbarrier_init(&v_empty[i], consumer_threads / 32);
     }
+    if constexpr (kQuantized) {
+      for (int i = 0; i < kRawSlots; ++i) {
+        sm90::mbarrier_init(&raw_k_full[i], 1);
+        sm90::mbarrier_init(&raw_v_full[i], 1);
+        sm90::mbarrier_init(&raw_k_empty[i], 4);
+        sm90::mbarrier_init(&raw_v_empty[i], 4);
+      }
+    }
     sm90::fence_barrier_init();
   }
-  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
+  const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
   const int lo = keys.lo, hi = keys.hi;
   // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
@@ -111,7 +237,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // few tiles, so the block's start weighs).
   if (warp < 4) {  // the producer warpgroup: one thread drives the TMA
     sm90::set_max_registers_dec<kProducerRegisters>();
-    if (tid == 0) {
+    if (tid == 0 && kQuantized) {  // stored rows into the raw ring, whole rows per box
+      for (int t = 0; t < tiles; ++t) {
+        const int slot = t % kRawSlots;
+        const unsigned parity = (t / kRawSlots) % 2;
+        const int t0 = first_tile + t * kTileKeys;
+        sm90::mbarrier_wait(&raw_k_empty[slot], parity ^ 1);
+        sm90::mbarrier_arrive_expect(&raw_k_full[slot], kRawTileBytes);
+        sm90::tma_load_4d(raw_k + slot * kRawTileBytes, &maps.k, 0, t0, static_cast<int>(c.kvh), static_cast<int>(c.b),
+                          &raw_k_full[slot]);
+        sm90::mbarrier_wait(&raw_v_empty[slot], parity ^ 1);
+        sm90::mbarrier_arrive_expect(&raw_v_full[slot], kRawTileBytes);
+        sm90::tma_load_4d(raw_v + slot * kRawTileBytes, &maps.v, 0, t0, static_cast<int>(c.kvh), static_cast<int>(c.b),
+                          &raw_v_full[slot]);
+      }
+    } else if (tid == 0) {
       for (int t = 0; t < tiles; ++t) {
         const int slot = t % kSlots;
         const unsigned parity = (t / kSlots) % 2;
@@ -138,17 +278,83 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
   sm90::set_max_registers_inc<kConsumerRegisters>();
-  if (solo && warp >= 8) return;
+  if (solo && warp >= 8) {
+    // A quantized cache: warpgroup 1 turns each raw tile into an element-type tile of the stored integers in
+    // the K / V slot (rows past k_len arrive as zeros from the TMA), then frees the raw slot and fills the other.
+    if constexpr (kQuantized) {
+      const int ct = tid - 256;
+      auto convert = [&](const std::uint8_t* raw, std::uint8_t* tile) {
+        constexpr int kUnitsPerRow = kRawRow / 16;  // 16-byte units of a stored row
+        constexpr int kValuesPerUnit = std::is_same_v<S, Int4Tag> ? 32 : 16;
+        for (int i = ct; i < kTileKeys * kUnitsPerRow; i += 128) {
+          const int j = i / kUnitsPerRow;
+          const int chunk0 = (i % kUnitsPerRow) * (kValuesPerUnit / 8);
+          const uint4 w = *reinterpret_cast<const uint4*>(raw + i * 16);
+          const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int g = 0; g < kValuesPerUnit / 8; ++g) {  // 8 values -> one 16-byte chunk of the tile
+            std::uint32_t h[4];
+            if constexpr (std::is_same_v<S, Int4Tag>) {
+              int4x8_to_pairs<T>(words[g], h);
+            } else {
+              int8x8_to_pairs<T>(words[2 * g], words[2 * g + 1], h);
+            }
+            *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, chunk0 + g)) = uint4{h[0], h[1], h[2], h[3]};
+          }
+        }
+      };
+      auto pass = [&](std::uint64_t* raw_full, std::uint64_t* raw_empty, std::uint64_t* full, std::uint64_t* empty,
+                      const std::uint8_t* raw, std::uint8_t* slots, int t) {
+        const int slot = t % kSlots, raw_slot = t % kRawSlots;
+        sm90::mbarrier_wait(&raw_full[raw_slot], (t / kRawSlots) % 2);
+        sm90::mbarrier_wait(&empty[slot], ((t / kSlots) % 2) ^ 1);
+        convert(raw + raw_slot * kRawTileBytes, slots + slot * kTileBytes);
+        sm90::fence_proxy_async();  // the tile's generic stores, seen by the consumers' wgmma
+        __syncwarp();
+        if (lane == 0) {
+          sm90::mbarrier_arrive(&raw_empty[raw_slot]);
+          sm90::mbarrier_arrive(&full[slot]);
+        }
+      };
+      for (int t = 0; t < tiles; ++t) {
+        pass(raw_k_full, raw_k_empty, k_full, k_empty, raw_k, ks, t);
+        pass(raw_v_full, raw_v_empty, v_full, v_empty, raw_v, vs, t);
+      }
+    }
+    return;
+  }
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
-  const int q_rows = solo ? 64 : kRows;
-  for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {  // Q rows (zeros for padded rows)
-    const int r = e / kChunks, ch = e % kChunks;
-    cp_async16(qs + swizzled_chunk(kRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
+  const int q_rows = solo ? 64 : kBlockRows;
+  // With a rotary (query_rotary_loads_chunks holds), the rotated chunks come through registers; the others, as
+  // without one, by cp.async (zeros for padded rows).
+  const bool rotary = p.rotary.cos != nullptr;
+  const int rotated_chunks = rotary ? static_cast<int>(p.rotary.half / 4) : 0;
+  for (int e = tid - 128; e < q_rows * (kChunks - rotated_chunks); e += consumer_threads) {
+    const int r = e / (kChunks - rotated_chunks), ch = rotated_chunks + e % (kChunks - rotated_chunks);
+    cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
                r < rows);
   }
   cp_async_commit();
+  if (rotary) load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, tid - 128, consumer_threads);
   cp_async_wait_all();
+  // The fold below reads chunks in the copy order: with a rotary, other threads wrote some of them.
+  if (kQuantized && rotary) sm90::named_sync(kQBarrier, consumer_threads);
+  if constexpr (kQuantized) {
+    // K's scales fold into Q (q . (k * s) = (q * s) . k), rounded to T like any element of Q, after the rotary
+    // (the GQA pre-pass order: Q' first).
+    for (int e = tid - 128; e < q_rows * kChunks; e += consumer_threads) {
+      const int r = e / kChunks, ch = e % kChunks;
+      auto* chunk = reinterpret_cast<uint4*>(qs + swizzled_chunk(kBlockRows, r, ch));
+      uint4 w = *chunk;
+      T* x = reinterpret_cast<T*>(&w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = from_float<T>(to_float(x[i]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, ch * 8 + i));
+      }
+      *chunk = w;
+    }
+  }
   sm90::fence_proxy_async();
   sm90::named_sync(kQBarrier, consumer_threads);
   const int warpgroup = warp / 4 - 1;
@@ -187,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const std::uint32_t at = (kk % 4) * 32;
-      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kRows * 128 + at, 16, 1024),
+      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
                                     sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
     }
     sm90::commit();
@@ -284,7 +490,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::pin(o);
     sm90::pin(a);
   }
-  finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [](int) { return 1.0f; });
+  // V's scales act on the output columns (sum p (v * s) = s sum p v).
+  finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
+    return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
+  });
 #else
   (void)p;
   (void)maps;
@@ -292,10 +501,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+template <class T, int D, class S>
+void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
+  allow_max_dynamic_smem<attention_wgmma_kernel<T, D, S>>();
+  attention_wgmma_kernel<T, D, S><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<T, D, S>(), stream>>>(p, maps);
+}
+
+// Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so).
 template <class T, int D>
 void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
-  allow_max_dynamic_smem<attention_wgmma_kernel<T, D>>();
-  attention_wgmma_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<D>(), stream>>>(p, maps);
+  if constexpr (D == 64 || D == 128) {
+    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream);
+    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream);
+  }
+  launch_stored<T, D, T>(p, maps, blocks, stream);
 }
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
@@ -315,41 +534,96 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 }
 
 // K or V as a 4-d tensor (head dim, key, K/V head, batch) whose boxes are 64 x 128 tiles in the 128-byte
-// swizzle; keys past k_len read as zeros.
-bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype) {
+// swizzle; keys past k_len read as zeros. A quantized cache: a tensor of bytes (stored row, key, K/V head,
+// batch) whose boxes are whole stored rows of 128 keys, unswizzled (the converting warps read them).
+bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype,
+                   KvType type) {
   const auto fn = encode_tiled();
   if (fn == nullptr) return false;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.k_len),
-                              static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(p.batch)};
-  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride) * 2, static_cast<cuuint64_t>(l.head_stride) * 2,
-                           static_cast<cuuint64_t>(l.batch_stride) * 2};
+  const bool quantized = type != KvType::Float;
+  // Bytes per stored value, as a fraction: 2 (float16 / bfloat16), 1 (int8), 1 / 2 (int4).
+  const std::int64_t num = quantized ? 1 : 2, den = type == KvType::Int4 ? 2 : 1;
+  for (std::int64_t x : {l.offset, l.row_stride, l.head_stride, l.batch_stride}) {
+    if (x * num % den != 0) return false;
+  }
+  const std::int64_t row_bytes = p.head_dim * num / den;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(quantized ? row_bytes : p.head_dim),
+                              static_cast<cuuint64_t>(p.k_len), static_cast<cuuint64_t>(p.kv_heads),
+                              static_cast<cuuint64_t>(p.batch)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride * num / den),
+                           static_cast<cuuint64_t>(l.head_stride * num / den),
+                           static_cast<cuuint64_t>(l.batch_stride * num / den)};
   // A dimension of extent 1 never steps: give it a stride TMA accepts whatever the layout says.
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(tile_keys_for(static_cast<int>(p.head_dim))), 1, 1};
+  const cuuint32_t keys = static_cast<cuuint32_t>(tile_keys_for(static_cast<int>(p.head_dim)));
+  const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * 2);
-  const CUresult r = fn(&map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                        4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
+  const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                      : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // A map describes an address and a geometry only (no driver resource), so the same arguments give the same
+  // map: the last few are kept per thread. A decode loop asks for the same two every step, and the encode is
+  // host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
+  struct Entry {
+    std::uintptr_t start;
+    cuuint64_t dims[4], strides[3];
+    cuuint32_t box[2];
+    int element;
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry entries[kEntries];
+  thread_local int used = 0, next = 0;
+  const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
+                  {strides[0], strides[1], strides[2]}, {box[0], box[1]}, static_cast<int>(element), {}};
+  const auto same = [&](const Entry& e) {
+    return e.start == key.start && e.element == key.element && e.box[0] == key.box[0] && e.box[1] == key.box[1] &&
+           std::equal(e.dims, e.dims + 4, key.dims) && std::equal(e.strides, e.strides + 3, key.strides);
+  };
+  for (int i = 0; i < used; ++i) {
+    if (same(entries[i])) {
+      map = entries[i].map;
+      return true;
+    }
+  }
+  const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  entries[next] = key;
+  entries[next].map = map;
+  next = (next + 1) % kEntries;
+  used = used < kEntries ? used + 1 : kEntries;
+  return true;
 }
 
 }  // namespace
 
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim &&
-         (head_dim == 64 || head_dim == 128 || head_dim == 256) && k_type == KvType::Float && v_type == KvType::Float;
+  const bool dims = head_dim == v_head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  const bool storage = k_type == v_type && (k_type == KvType::Float || head_dim == 64 || head_dim == 128);
+  return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
 }
 
-std::size_t warpgroup_smem_bytes(std::int64_t head_dim) {
-  return head_dim == 64 ? smem_bytes_for<64>() : head_dim == 128 ? smem_bytes_for<128>() : smem_bytes_for<256>();
+std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type) {
+  // The element type does not change the layout: float16 stands for both.
+  switch (type) {
+    case KvType::Int8: return head_dim == 64 ? smem_bytes_for<__half, 64, std::int8_t>() : smem_bytes_for<__half, 128, std::int8_t>();
+    case KvType::Int4: return head_dim == 64 ? smem_bytes_for<__half, 64, Int4Tag>() : smem_bytes_for<__half, 128, Int4Tag>();
+    case KvType::Float: break;
+  }
+  return head_dim == 64    ? smem_bytes_for<__half, 64, __half>()
+         : head_dim == 128 ? smem_bytes_for<__half, 128, __half>()
+                           : smem_bytes_for<__half, 256, __half>();
 }
+
+std::int64_t warpgroup_rows(KvType type) { return type == KvType::Float ? kWarpgroupRows : 64; }
 
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
-  return encode_kv_map(maps.k, p.k, p.lk, p, dtype) && encode_kv_map(maps.v, p.v, p.lv, p, dtype);
+  return encode_kv_map(maps.k, p.k, p.lk, p, dtype, p.k_type) && encode_kv_map(maps.v, p.v, p.lv, p, dtype, p.v_type);
 }
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,

@@ -144,7 +144,9 @@ bool mma_aligned(const Layout& l, KvType type) {
 // process can compare them:
 //   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
 //   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
-//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32 takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
+//   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds).
 std::string env_value(const char* name) {
@@ -162,10 +164,18 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
                          decode_aligned(p.v, p.v_storage.type, p.dtype);
   const bool warpgroup_ok =
       allow_special && warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-      layout_aligned16(p.q) && layout_aligned16(p.k) && layout_aligned16(p.v) && device_is_sm90();
+      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type) &&
+      device_is_sm90();
   const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                       layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+  // float32 rows on 16 bytes: 4 floats.
+  const auto aligned4 = [](const Layout& l) {
+    return l.offset % 4 == 0 && l.batch_stride % 4 == 0 && l.head_stride % 4 == 0 && l.row_stride % 4 == 0;
+  };
+  const bool tf32_ok = tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                       aligned4(p.q) && aligned4(p.k) && aligned4(p.v);
   const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+  if (forced == "tf32" && tf32_ok) return CudaPlan::Kernel::Tf32;
   if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
   if (forced == "mma" && mma_ok) return CudaPlan::Kernel::TensorCore;
   if (forced == "decode" && decode_ok) return CudaPlan::Kernel::Decode;
@@ -187,15 +197,19 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
   const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
+  // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
+  // tiles): a decode step's way, not a prefill's.
   const bool warpgroup_wanted =
       warpgroup_switch == "all" ||
-      (warpgroup_switch != "0" && ((group_rows > kRowBlock && whole_waves) || long_stream));
+      (warpgroup_switch != "0" && ((!quantized && group_rows > kRowBlock && whole_waves) || long_stream));
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&
       group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
   }
+  // float32 beyond a decode step's few rows: on the tensor cores at float32 accuracy.
+  if (tf32_ok && env_value("ATTNKIT_CUDA_TF32") != "0") return CudaPlan::Kernel::Tf32;
   return CudaPlan::Kernel::Simt;
 }
 
@@ -205,7 +219,8 @@ int resident_blocks(CudaPlan::Kernel kernel, const AttentionProblem& p) {
     case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
     case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
     case CudaPlan::Kernel::Warpgroup: return 1;
-    case CudaPlan::Kernel::Simt: break;
+    case CudaPlan::Kernel::Simt:
+    case CudaPlan::Kernel::Tf32: break;
   }
   return 2;
 }
@@ -219,7 +234,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
   plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
-  plan.row_block = decode ? kDecodeRows : warpgroup ? kWarpgroupRows : kRowBlock;
+  plan.row_block = decode ? kDecodeRows : warpgroup ? warpgroup_rows(p.k_storage.type) : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -250,9 +265,10 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
-  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
+                    : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
-                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim)
+                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =
       plan.splits > 1
@@ -277,6 +293,7 @@ CudaPlan plan(const AttentionProblem& p) {
 
 std::string describe(const CudaPlan& plan) {
   const char* kernel = plan.kernel == CudaPlan::Kernel::Simt        ? "simt"
+                       : plan.kernel == CudaPlan::Kernel::Tf32      ? "tf32"
                        : plan.kernel == CudaPlan::Kernel::Decode    ? "decode"
                        : plan.kernel == CudaPlan::Kernel::Warpgroup ? "wgmma"
                                                                     : "tensor-core";
@@ -289,19 +306,41 @@ std::string describe(const CudaPlan& plan) {
   return s;
 }
 
+namespace {
+
+// Whether the decode / wgmma kernel of `chosen` can run with these pointers (both need 16-byte-aligned bases,
+// which only the run sees; the wgmma kernel also needs TMA descriptors of K and V, into `maps`, and a layout TMA
+// cannot describe takes the fallback plan).
+bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen,
+                         WarpgroupMaps& maps) {
+  const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  if (chosen.kernel == CudaPlan::Kernel::Decode) return decode_fits;
+  if (chosen.kernel == CudaPlan::Kernel::Warpgroup) {
+    return decode_fits && pointer_aligned16(a.q.data) &&
+           warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, const QueryRotary& rotary) {
+  WarpgroupMaps maps{};
+  return env_value("ATTNKIT_CUDA_QUERY_ROTARY") != "0" && plan.kernel == CudaPlan::Kernel::Warpgroup &&
+         query_rotary_loads_chunks(rotary, dtype_size(p.dtype)) && special_kernel_runs(p, a, plan, maps);
+}
+
 void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
-         bool check_key_lengths) {
+         bool check_key_lengths, const QueryRotary* rotary) {
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
-  const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
-  const bool warpgroup_fits = decode_fits && pointer_aligned16(a.q.data);
-  // The wgmma kernel also needs TMA descriptors of K and V; a layout TMA cannot describe takes the fallback.
   WarpgroupMaps maps{};
-  const bool falls_back =
-      (chosen.kernel == CudaPlan::Kernel::Decode && !decode_fits) ||
-      (chosen.kernel == CudaPlan::Kernel::Warpgroup &&
-       !(warpgroup_fits && warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps)));
+  const bool falls_back = !special_kernel_runs(p, a, chosen, maps);
   const CudaPlan plan = falls_back ? plan_for(p, false) : chosen;
+  if (rotary != nullptr && (plan.kernel != CudaPlan::Kernel::Warpgroup ||
+                            !query_rotary_loads_chunks(*rotary, dtype_size(p.dtype)))) {
+    throw RuntimeError("a query rotary reached a CUDA plan that cannot apply it (" + describe(plan) + ")");
+  }
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
   if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
     // The lengths live on the device: check them there, before any output is written.
@@ -321,14 +360,16 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   }
   if (plan.blocks == 0) return;
   KernelParams params = make_params(p, a, plan, partial);
+  if (rotary != nullptr) params.rotary = *rotary;
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
   const std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
   // Rows that do not start on 16 bytes (an odd base pointer) take the SIMT kernel; the plan assumed aligned ones.
-  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && pointer_aligned16(a.q.data) &&
-                            pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const bool aligned = pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
+  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
+  const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
@@ -339,6 +380,8 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
       launch_warpgroup(params, maps, p.dtype, blocks, stream);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
+    } else if (tf32) {
+      launch_tf32(params, blocks, stream);
     } else {
       launch_simt(params, p.dtype, blocks, simt_smem, stream);
     }

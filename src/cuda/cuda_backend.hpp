@@ -4,6 +4,8 @@
 
 #include <attnkit/attention.hpp>
 
+#include "query_rotary.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,7 +19,7 @@ bool is_device_pointer(const void* p);
 
 // Which kernel runs a problem, its grid and its key split. Chosen from the shape and the device's SM count.
 struct CudaPlan {
-  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup };
+  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup, Tf32 };
   Kernel kernel = Kernel::Simt;
   int head_dim_tile = 0;        // TensorCore: the padded head dim the kernel is built for
   std::int64_t group = 1;       // query heads per K/V head
@@ -38,8 +40,14 @@ std::string describe(const CudaPlan& plan);
 // Runs on args.stream. Checks key lengths on the device first (one small kernel and a 4-byte copy) when the
 // problem has them; throws Error before launching anything if one is out of range.
 // check_key_lengths = false skips that check: for callers that made the lengths themselves (the GQA op).
+// rotary (the GQA op): Q is rotated as the kernel loads it; only where rotates_query says the run takes the wgmma
+// kernel (anything else throws RuntimeError before launching).
 void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
-         bool check_key_lengths = true);
+         bool check_key_lengths = true, const QueryRotary* rotary = nullptr);
+// Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary, and that kernel can
+// apply this one (query_rotary_loads_chunks).
+bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan,
+                   const QueryRotary& rotary);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);

@@ -27,14 +27,6 @@ __device__ __forceinline__ float inverse_cache_scale(const DeviceCache& cache, s
   return core::inverse_scale(cache.quant == KvQuant::PerChannel ? cache.scales[kv_head * H + d] : cache.scales[0]);
 }
 
-// A rotary pair (a, b) -> (a cos - b sin, b cos + a sin), each product rounded on its own.
-__device__ __forceinline__ float rotate_first(float a, float b, float c, float s) {
-  return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-}
-__device__ __forceinline__ float rotate_second(float a, float b, float c, float s) {
-  return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
 // The rotary position of new token s of batch entry b.
 __device__ __forceinline__ std::int64_t rotary_position(const AppendStep& st, const DeviceBatchRows& rows,
                                                         std::int64_t b, std::int64_t s) {

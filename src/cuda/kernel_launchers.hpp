@@ -54,15 +54,23 @@ std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
 
+// attention_tf32.cu: float32 on tensor cores (3 TF32 products per product, float32 accuracy), head dim 32, 64 or
+// 128 (= v_head_dim), rows aligned to 16 bytes.
+bool tf32_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
+std::size_t tf32_smem_bytes(std::int64_t head_dim);
+void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream);
+
 // attention_wgmma.cu: Hopper (sm_90a) wgmma + TMA for float16 / bfloat16, head dim 64, 128 or 256 (= v_head_dim), K/V
-// of the query's type, rows aligned to 16 bytes; 128 rows per block. Launch only on a compute capability 9.0
-// device, with the TMA descriptors of K and V from warpgroup_maps (false: TMA cannot describe the layout).
+// of the query's type or (head dims 64 and 128) int8 / int4, both alike; rows aligned to 16 bytes. 128 rows per
+// block (quantized: 64). Launch only on a compute capability 9.0 device, with the TMA descriptors of K and V from
+// warpgroup_maps (false: TMA cannot describe the layout).
 inline constexpr std::int64_t kWarpgroupRows = 128;
 struct WarpgroupMaps {
   CUtensorMap k, v;
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
-std::size_t warpgroup_smem_bytes(std::int64_t head_dim);
+std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
+std::int64_t warpgroup_rows(KvType type);
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream);

@@ -9,6 +9,8 @@
 
 #include <attnkit/attention.hpp>
 
+#include "query_rotary.hpp"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -52,7 +54,17 @@ struct KernelParams {
   core::ScoreTransform transform;
   bool has_mask, has_key_lengths, has_sink, return_lse;
   MaskedRows masked_rows;
+  QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
+
+// A rotary pair (a, b) -> (a cos - b sin, b cos + a sin), each product rounded on its own (no FMA
+// contraction), as the CPU's rotary unit computes it.
+__device__ __forceinline__ float rotate_first(float a, float b, float c, float s) {
+  return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+__device__ __forceinline__ float rotate_second(float a, float b, float c, float s) {
+  return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
 
 __host__ __device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) { return a > b ? a : b; }

@@ -135,6 +135,25 @@ TEST(CudaAttention, LongDecodeTakesTheHopperKernelAndMatches) {
   }
 }
 
+// float32 beyond a decode step takes the tensor cores (three TF32 products per product) and keeps float32's
+// accuracy over a long key range: 16k keys, head dim 128, the 1e-5 bound of float32.
+TEST(CudaAttention, Float32OnTensorCoresKeepsFloat32AccuracyOverLongKeys) {
+  SKIP_WITHOUT_GPU();
+  CaseSpec spec;
+  spec.name = "tf32";
+  spec.batch = 1; spec.heads = 4; spec.kv_heads = 2; spec.q_len = 100; spec.k_len = 16384; spec.head_dim = 128;
+  spec.causal = true; spec.lse = true;
+  CaseData data(spec, DType::f32, 13);
+  Attention op(data.problem(), cuda_config());
+  if (std::getenv("ATTNKIT_CUDA_TF32") == nullptr && std::getenv("ATTNKIT_CUDA_KERNEL") == nullptr) {
+    EXPECT_NE(op.describe().find("tf32"), std::string::npos) << op.describe();
+  }
+  DeviceMirror dev(data);
+  dev.run(op);
+  EXPECT_LE(data.scaled_error(data.reference()), 1e-5) << op.describe();
+  EXPECT_TRUE(data.gaps_untouched());
+}
+
 TEST(CudaAttention, SplitKIsUsedForDecodeAndMatches) {
   SKIP_WITHOUT_GPU();
   CaseSpec spec;

@@ -295,6 +295,95 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
   }
 }
 
+// One call on the GPU and the same call on the CPU op (fresh inputs of `o`): the outputs within twice the
+// dtype's tolerance, the caches equal (the pre-pass computes what the CPU units compute), and, on compute
+// capability 9.0 with the default plan, `plan_has` in the op's description.
+void expect_gpu_matches_cpu(const GqaOptions& o, const char* plan_has) {
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  GqaCall cpu = make_call(o);
+  GqaCall gpu = make_call(o);
+  DeviceCall d(gpu);
+  GroupQueryAttention cpu_op(cpu.attrs), gpu_op(gpu.attrs, cuda_config());
+  cpu_op.run(cpu.inputs(), cpu.outputs());
+  ASSERT_NO_THROW(gpu_op.run(d.inputs(), d.outputs()));
+  d.fetch();
+  if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr &&
+      std::getenv("ATTNKIT_CUDA_KERNEL") == nullptr) {
+    EXPECT_NE(gpu_op.describe().find(plan_has), std::string::npos) << gpu_op.describe();
+  }
+  double diff = 0, top = 0;
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(cpu.output.size() / cpu.es()); ++i) {
+    const double want = cpu.at(cpu.output, i), got = gpu.at(gpu.output, i);
+    diff = std::max(diff, std::isfinite(got) ? std::abs(want - got) : INFINITY);
+    top = std::max(top, std::abs(want));
+  }
+  EXPECT_LE(diff / top, 2 * testing::tolerance(o.dtype)) << gpu_op.describe();
+  EXPECT_EQ(cpu.present_key, gpu.present_key);
+  EXPECT_EQ(cpu.present_value, gpu.present_value);
+}
+
+// Decode steps over caches long enough that the plan streams them through the Hopper kernel (compute capability
+// 9.0), quantized ones included (raw tiles by TMA, turned into element tiles by the second warpgroup): every
+// cache kind, both element types, head sizes 64 and 128.
+TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Kind {
+    const char* quant;
+    std::int64_t bits, head_size;
+    DType dtype;
+  };
+  for (const Kind& k : {Kind{"NONE", 8, 128, DType::f16}, Kind{"PER_CHANNEL", 8, 128, DType::f16},
+                        Kind{"PER_TENSOR", 8, 64, DType::bf16}, Kind{"PER_CHANNEL", 4, 128, DType::bf16},
+                        Kind{"PER_TENSOR", 4, 64, DType::f16}}) {
+    SCOPED_TRACE(std::string(k.quant) + " int" + std::to_string(k.bits) + " H " + std::to_string(k.head_size) + " " +
+                 std::string(dtype_name(k.dtype)));
+    GqaOptions o;
+    o.dtype = k.dtype;
+    o.batch = 4, o.seq = 1, o.heads = 32, o.kv_heads = 8, o.head_size = k.head_size;
+    o.lengths = {17000, 9000, 12345, 17990};
+    o.present_rows = 18000;  // 4 x 8 x 18000 keys: a long stream on 132 SMs
+    o.shared = true;
+    o.rotary = true;
+    o.k_quant = o.v_quant = k.quant;
+    o.bits = k.bits;
+    expect_gpu_matches_cpu(o, "wgmma");
+  }
+}
+
+// A prompt large enough for the Hopper kernel (compute capability 9.0) with rotary and no Q/K norm: the kernel
+// rotates Q as it loads it (no Q' written); split-halves and interleaved pairs, explicit positions, a partial
+// rotary, Q read in place from packed QKV rows.
+TEST(CudaGqa, LargePrefillRotatesQueryInTheAttentionKernel) {
+  SKIP_WITHOUT_GPU();
+  for (const bool interleaved : {false, true}) {
+    SCOPED_TRACE(interleaved ? "interleaved" : "split halves");
+    GqaOptions o;
+    o.dtype = interleaved ? DType::bf16 : DType::f16;
+    o.batch = 1, o.seq = 1500, o.heads = 32, o.kv_heads = 8, o.head_size = 128;
+    o.lengths = {1500};
+    o.rotary = true;
+    o.interleaved = interleaved;
+    o.rotary_half = interleaved ? 32 : 64;
+    o.position_ids = interleaved;
+    o.packed = interleaved;
+    expect_gpu_matches_cpu(o, "Q rotary in the attention kernel");
+  }
+  // A rotary half the kernel cannot load in 16-byte chunks (44 of 64) stays in the pre-pass.
+  GqaOptions o;
+  o.dtype = DType::f16;
+  o.batch = 1, o.seq = 1500, o.heads = 32, o.kv_heads = 8, o.head_size = 128;
+  o.lengths = {1500};
+  o.rotary = true;
+  o.rotary_half = 44;
+  expect_gpu_matches_cpu(o, "");
+  GqaCall c = make_call(o);
+  DeviceCall d(c);
+  GroupQueryAttention op(c.attrs, cuda_config());
+  op.run(d.inputs(), d.outputs());
+  EXPECT_EQ(op.describe().find("Q rotary in the attention kernel"), std::string::npos) << op.describe();
+}
+
 TEST(CudaGqa, BadInputWritesNothing) {
   SKIP_WITHOUT_GPU();
   GqaOptions o;

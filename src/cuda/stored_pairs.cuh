@@ -1,0 +1,68 @@
+// Stored int8 / int4 K/V values as exact pairs of the element type, for the tensor-core kernels that turn a
+// quantized tile into an element-type tile (attention_mma.cu, attention_wgmma.cu). Every int8 and int4 value is
+// exact in float16 and bfloat16; the scales act outside the tiles.
+#pragma once
+
+#include "fragment_softmax.cuh"
+#include "kernel_params.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace attnkit::cuda {
+
+// Bytes of a stored K/V row: D elements of T, D int8 values, or D / 2 bytes of int4.
+template <class T, class S>
+__host__ __device__ constexpr int stored_row_bytes(int head_dim) {
+  return std::is_same_v<S, Int4Tag> ? head_dim / 2 : head_dim * static_cast<int>(sizeof(S));
+}
+
+// Stored integers as exact pairs of the element type (every int8 and int4 value is exact in float16 and
+// bfloat16). float16 uses the magic-number trick: a byte u under exponent 2^10 is the half 1024 + u, so one
+// byte permute and one half2 subtraction give two values. bfloat16 has too few mantissa bits for a byte and goes
+// through float32 (int4 nibbles fit: 128 + n).
+template <class T>
+__device__ __forceinline__ void int8x8_to_pairs(std::uint32_t w0, std::uint32_t w1, std::uint32_t (&out)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const std::uint32_t b0 = w0 ^ 0x80808080u, b1 = w1 ^ 0x80808080u;  // q + 128
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1024 + 128
+    const std::uint32_t words[4] = {__byte_perm(b0, 0x64646464u, 0x4140), __byte_perm(b0, 0x64646464u, 0x4342),
+                                    __byte_perm(b1, 0x64646464u, 0x4140), __byte_perm(b1, 0x64646464u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&words[i]), bias);
+      out[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+    }
+  } else {
+    float x[8];
+    widen_int8x4(w0, x);
+    widen_int8x4(w1, x + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = pack_pair<T>(x[2 * i], x[2 * i + 1]);
+  }
+}
+template <class T>
+__device__ __forceinline__ void int4x8_to_pairs(std::uint32_t w, std::uint32_t (&out)[4]) {
+  // Nibble k (value k) sits at bit 4k: (w >> 4k) & 0x000F000F holds values k and k + 4 in a pair's two halves.
+  constexpr std::uint32_t kMagic = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;  // 1024 / 128
+  std::uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::uint32_t word = ((w >> (4 * k)) & 0x000F000Fu) | kMagic;
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 bias = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));  // 1024 + 8
+      const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&word), bias);
+      h[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    } else {
+      const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
+      const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&word), bias);  // 128 + 8
+      h[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+  }
+  out[0] = __byte_perm(h[0], h[1], 0x5410);  // values 0, 1
+  out[1] = __byte_perm(h[2], h[3], 0x5410);  // 2, 3
+  out[2] = __byte_perm(h[0], h[1], 0x7632);  // 4, 5
+  out[3] = __byte_perm(h[2], h[3], 0x7632);  // 6, 7
+}
+
+}  // namespace attnkit::cuda
