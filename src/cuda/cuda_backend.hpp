@@ -19,7 +19,7 @@ bool is_device_pointer(const void* p);
 
 // Which kernel runs a problem, its grid and its key split. Chosen from the shape and the device's SM count.
 struct CudaPlan {
-  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup, Tf32 };
+  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup, Tf32, DecodeMma };
   Kernel kernel = Kernel::Simt;
   int head_dim_tile = 0;        // TensorCore: the padded head dim the kernel is built for
   std::int64_t group = 1;       // query heads per K/V head

@@ -86,6 +86,16 @@ std::size_t decode_smem_bytes();
 void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 int decode_resident_blocks(DType dtype, KvType type);  // blocks per SM
 
+// attention_decode_mma.cu: a decode step over a quantized cache on mma.sync with the keys on the MMA's M side:
+// 8 rows per block, float16 / bfloat16 queries, int8 / int4 K/V (the same for both), head dim 64 or 128
+// (= v_head_dim), no additive mask; rows starting on 16 bytes.
+inline constexpr std::int64_t kDecodeMmaRows = 8;
+bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type,
+                         bool has_mask);
+std::size_t decode_mma_smem_bytes(std::int64_t head_dim);
+void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
 

@@ -298,7 +298,7 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
 // One call on the GPU and the same call on the CPU op (fresh inputs of `o`): the outputs within twice the
 // dtype's tolerance, the caches equal (the pre-pass computes what the CPU units compute), and, on compute
 // capability 9.0 with the default plan, `plan_has` in the op's description.
-void expect_gpu_matches_cpu(const GqaOptions& o, const char* plan_has) {
+void expect_gpu_matches_cpu(const GqaOptions& o, const std::string& plan_has) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   GqaCall cpu = make_call(o);
@@ -323,10 +323,10 @@ void expect_gpu_matches_cpu(const GqaOptions& o, const char* plan_has) {
   EXPECT_EQ(cpu.present_value, gpu.present_value);
 }
 
-// Decode steps over caches long enough that the plan streams them through the Hopper kernel (compute capability
-// 9.0), quantized ones included (raw tiles by TMA, turned into element tiles by the second warpgroup): every
-// cache kind, both element types, head sizes 64 and 128.
-TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
+// Decode steps over long caches: float16 / bfloat16 ones stream through the Hopper kernel (compute capability
+// 9.0), quantized ones through the decode-mma kernel (keys on the MMA's M side; with ATTNKIT_CUDA_WGMMA=all,
+// through the Hopper kernel's raw-tile ring): every cache kind, both element types, head sizes 64 and 128.
+TEST(CudaGqa, LongCacheDecodeTakesTheStreamingKernelsAndMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   struct Kind {
     const char* quant;
@@ -347,7 +347,7 @@ TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
     o.rotary = true;
     o.k_quant = o.v_quant = k.quant;
     o.bits = k.bits;
-    expect_gpu_matches_cpu(o, "wgmma");
+    expect_gpu_matches_cpu(o, std::string(k.quant) == "NONE" ? "wgmma" : "decode-mma");
   }
 }
 
