@@ -228,6 +228,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_barrier_init();
   }
   const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
+  // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
+  // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
+  // once every block of this grid is running.
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int lo = keys.lo, hi = keys.hi;
   // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
@@ -502,19 +507,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class T, int D, class S>
-void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
+void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
+                   bool overlap) {
   allow_max_dynamic_smem<attention_wgmma_kernel<T, D, S>>();
-  attention_wgmma_kernel<T, D, S><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<T, D, S>(), stream>>>(p, maps);
+  launch_kernel(attention_wgmma_kernel<T, D, S>, dim3(static_cast<unsigned>(blocks)), kThreads, smem_bytes_for<T, D, S>(), stream, overlap, p, maps);
 }
 
 // Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so).
 template <class T, int D>
-void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
+void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
+                  bool overlap) {
   if constexpr (D == 64 || D == 128) {
-    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream);
-    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream);
+    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
+    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
   }
-  launch_stored<T, D, T>(p, maps, blocks, stream);
+  launch_stored<T, D, T>(p, maps, blocks, stream, overlap);
 }
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
@@ -627,15 +634,15 @@ bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
 }
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool overlap) {
   if (dtype == DType::f16) {
-    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream);
-    else launch_typed<__half, 256>(p, maps, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream, overlap);
+    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream, overlap);
+    else launch_typed<__half, 256>(p, maps, blocks, stream, overlap);
   } else {
-    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream);
-    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream, overlap);
+    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream, overlap);
+    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream, overlap);
   }
 }
 

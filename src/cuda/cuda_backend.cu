@@ -148,6 +148,7 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_DECODE_MMA=0 keeps the decode-mma kernel out of every plan;
 //   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
+//   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds).
 std::string env_value(const char* name) {
@@ -352,7 +353,7 @@ bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const Cuda
 }
 
 void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
-         bool check_key_lengths, const QueryRotary* rotary) {
+         bool check_key_lengths, const QueryRotary* rotary, bool overlap_previous) {
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
   WarpgroupMaps maps{};
@@ -392,6 +393,9 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
+  // Programmatic dependent launches (sm_90): the merge pass after the attention kernel, and the wgmma kernel
+  // after the caller's previous kernel where the caller says it may (the GQA op's pre-pass).
+  const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0";
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
@@ -400,7 +404,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     } else if (plan.kernel == CudaPlan::Kernel::DecodeMma) {
       launch_decode_mma(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
-      launch_warpgroup(params, maps, p.dtype, blocks, stream);
+      launch_warpgroup(params, maps, p.dtype, blocks, stream, overlap_previous && first == 0 && pdl);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
     } else if (tf32) {
@@ -411,7 +415,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
   if (plan.splits > 1) {
-    launch_merge(params, p.dtype, plan.row_block, stream);
+    launch_merge(params, p.dtype, plan.row_block, stream, pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
   }
 }

@@ -8,7 +8,7 @@ bool available() { return false; }
 bool is_device_pointer(const void*) { return false; }
 CudaPlan plan(const AttentionProblem&) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::string describe(const CudaPlan&) { return "cuda (not built)"; }
-void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*) {
+void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*, bool) {
   throw Error("config.backend", "the CUDA backend is not part of this build");
 }
 bool rotates_query(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, const QueryRotary&) { return false; }

@@ -525,7 +525,10 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     rotary.first_position_stride = sizeof(cuda::DeviceBatchRows) / sizeof(std::int32_t);
   }
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false, rotate_in_core ? &rotary : nullptr);
+    // The attention kernel may overlap the pre-pass's tail (it waits for it before reading Q', K and V; the
+    // lengths and offsets it reads first came up before the pre-pass ran).
+    cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false, rotate_in_core ? &rotary : nullptr,
+              /*overlap_previous=*/true);
   }
 
   last = describe_call(g, " on cuda", calls.size(), cuda::describe(plans.front()), rotate_in_core);
