@@ -402,7 +402,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::DecodeMma) {
-      launch_decode_mma(params, p.dtype, blocks, stream);
+      launch_decode_mma(params, p.dtype, blocks, stream, overlap_previous && first == 0 && pdl);
     } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
       launch_warpgroup(params, maps, p.dtype, blocks, stream, overlap_previous && first == 0 && pdl);
     } else if (tensor_cores) {

@@ -116,7 +116,8 @@ inline constexpr std::int64_t kDecodeMmaRows = 8;
 bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type,
                          bool has_mask);
 std::size_t decode_mma_smem_bytes(std::int64_t head_dim);
-void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+// overlap: as launch_warpgroup's.
+void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap);
 int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
 
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
