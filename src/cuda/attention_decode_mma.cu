@@ -12,11 +12,12 @@
 //     the end (core::merge_weights, as the split-K pass merges ranges).
 //   * K and V come straight from global memory into registers, `kDepth` chunks ahead, already in the fragment
 //     order the MMAs want: the dot product does not care about the order of the head dimension, so lane (g, t)
-//     reads the contiguous quarter t of keys g and g + 8 and gives its 4 values per k-step the k positions
-//     {2t, 2t + 1, 2t + 8, 2t + 9}; Q^T's B fragment takes the same order once per block (with K's scales
-//     folded in). For O^T, lane (g, t) reads the contiguous eighth g of keys 2t, 2t + 1, 2t + 8, 2t + 9; a byte
-//     permute pairs two keys' values of one dimension (the A fragment of V^T); m-tile mt's rows g and g + 8 are
-//     dimensions 2 mt and 2 mt + 1 of eighth g, so each lane ends holding whole runs of output columns.
+//     reads its quarter of keys g and g + 8 (16-byte pieces interleaved with the quad's other lanes) and gives
+//     its 4 values per k-step the k positions {2t, 2t + 1, 2t + 8, 2t + 9}; Q^T's B fragment takes the same
+//     order once per block (with K's scales folded in). For O^T, lane (g, t) reads the contiguous eighth g of
+//     keys 2t, 2t + 1, 2t + 8, 2t + 9; a byte permute pairs two keys' values of one dimension (the A fragment
+//     of V^T); m-tile mt's rows g and g + 8 are dimensions 2 mt and 2 mt + 1 of eighth g, so each lane ends
+//     holding whole runs of output columns.
 //   * The integers are widened exactly (stored_pairs.cuh); P is rounded to the element type and the normaliser
 //     sums the rounded values, like the other tensor-core kernels; P^T reaches the B fragment of O^T = V^T P^T
 //     through movmatrix (the 8 x 8 transpose of the accumulator's pairs), never through shared memory.
@@ -45,16 +46,31 @@ template <class S, int D>
 constexpr int kKBytes = stored_row_bytes_of<S>(D) / 4;
 template <class S, int D>
 constexpr int kVBytes = stored_row_bytes_of<S>(D) / 8;
+// A K row is read by the 4 lanes of a quad in turn, 16 bytes each (the quad covers 64 contiguous bytes per load):
+// lane t's 16-byte chunk i sits at byte 16 t + 64 i (a quarter of 8 bytes: at 8 t). Its word w (4 bytes, in load
+// order) therefore starts at byte k_word_byte(t, w), and k-step ks of S^T = K Q^T takes 4 consecutive values
+// of it: k_step_dim(t, ks) is the first one's dimension (Q^T's B fragment uses the same).
+template <class S, int D>
+__host__ __device__ constexpr int k_word_byte(int t, int w) {
+  return (kKBytes<S, D> >= 16 ? 16 : kKBytes<S, D>) * t + 64 * (w / 4) + 4 * (w % 4);
+}
+template <class S, int D>
+__host__ __device__ constexpr int k_step_dim(int t, int ks) {
+  return std::is_same_v<S, Int4Tag> ? 2 * k_word_byte<S, D>(t, ks / 2) + 4 * (ks % 2) : k_word_byte<S, D>(t, ks);
+}
+
 // Chunks in flight per warp: an int4 chunk is half the bytes of an int8 one.
 template <class S>
 constexpr int kDepth = std::is_same_v<S, Int4Tag> ? 4 : 2;
 
+// kBytes of a row into words: 16-byte chunks `stride` bytes apart (or one 8- or 4-byte piece).
 template <int kBytes>
-__device__ __forceinline__ void load_words(std::uint32_t (&w)[kBytes / 4], const std::uint8_t* src, bool valid) {
+__device__ __forceinline__ void load_words(std::uint32_t (&w)[kBytes / 4], const std::uint8_t* src, bool valid,
+                                           int stride = 16) {
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < kBytes / 16; ++i) {
-      const uint4 x = valid ? __ldg(reinterpret_cast<const uint4*>(src) + i) : uint4{0u, 0u, 0u, 0u};
+      const uint4 x = valid ? __ldg(reinterpret_cast<const uint4*>(src + i * stride)) : uint4{0u, 0u, 0u, 0u};
       w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
     }
   } else if constexpr (kBytes == 8) {
@@ -114,8 +130,9 @@ __device__ __forceinline__ void load_chunk(RawChunk<S, D>& raw, const KernelPara
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + g + 8 * i;
     const bool valid = key < hi;
-    load_words<kKBytes<S, D>>(raw.k[i], k + (valid ? stored_byte<S>(p.lk.index(c.b, c.kvh, key)) : 0) + t * kKBytes<S, D>,
-                              valid);
+    load_words<kKBytes<S, D>>(raw.k[i], k + (valid ? stored_byte<S>(p.lk.index(c.b, c.kvh, key)) : 0) +
+                                            k_word_byte<S, D>(t, 0),
+                              valid, 64);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -144,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
   wait_for_prior_grids();
   allow_dependent_grids();
 
-  // Q^T as B fragments: column g is row g; k-step ks holds dims t D / 4 + 4 ks + {0, 1} and {2, 3}, each times
+  // Q^T as B fragments: column g is row g; k-step ks holds dims k_step_dim + {0, 1} and {2, 3}, each times
   // K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels fold it).
   std::uint32_t qb[D / 16][2];
   {
@@ -154,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int d = t * (D / 4) + 4 * ks + 2 * h;
+        const int d = k_step_dim<S, D>(t, ks) + 2 * h;
         float x0 = 0.0f, x1 = 0.0f;
         if (real) {
           x0 = to_float(q[d]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d);
