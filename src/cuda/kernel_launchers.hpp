@@ -86,6 +86,11 @@ std::size_t decode_smem_bytes();
 void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 int decode_resident_blocks(DType dtype, KvType type);  // blocks per SM
 
+// gqa_output_qk.cu: the GQA op's output_qk, (batch, heads, q_len, columns) of the query's type; row (b, h, i)
+// puts key j at column first_column[b] + j (device array), 0 where the row sees no key.
+void launch_output_qk(const KernelParams& p, DType dtype, bool after_softmax, const std::int32_t* first_column,
+                      std::int64_t columns, void* out, cudaStream_t stream);
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
 
