@@ -420,6 +420,16 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   }
 }
 
+void write_output_qk(const AttentionProblem& p, const AttentionArgs& a, bool after_softmax,
+                     const std::int32_t* first_column, std::int64_t columns, void* out) {
+  CudaPlan plan;
+  plan.group = p.heads / p.kv_heads;
+  plan.group_rows = plan.group * p.q_len;
+  const KernelParams params = make_params(p, a, plan, nullptr);
+  launch_output_qk(params, p.dtype, after_softmax, first_column, columns, out, static_cast<cudaStream_t>(a.stream));
+  check_cuda(cudaGetLastError(), "the output_qk launch");
+}
+
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;
   check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");

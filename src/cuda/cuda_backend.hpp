@@ -52,6 +52,11 @@ void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaP
 bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan,
                    const QueryRotary& rotary);
 
+// The GQA op's output_qk for one core call (its problem and device args), on args.stream: see gqa/output_qk.hpp
+// (the same float64 arithmetic); first_column is a device array.
+void write_output_qk(const AttentionProblem& problem, const AttentionArgs& args, bool after_softmax,
+                     const std::int32_t* first_column, std::int64_t columns, void* out);
+
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);

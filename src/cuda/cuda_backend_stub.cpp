@@ -12,6 +12,9 @@ void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, 
   throw Error("config.backend", "the CUDA backend is not part of this build");
 }
 bool rotates_query(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, const QueryRotary&) { return false; }
+void write_output_qk(const AttentionProblem&, const AttentionArgs&, bool, const std::int32_t*, std::int64_t, void*) {
+  throw Error("config.backend", "the CUDA backend is not part of this build");
+}
 void* device_alloc(std::size_t) { return nullptr; }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }

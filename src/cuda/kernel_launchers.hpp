@@ -120,6 +120,11 @@ std::size_t decode_mma_smem_bytes(std::int64_t head_dim);
 void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap);
 int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
 
+// gqa_output_qk.cu: the GQA op's output_qk, (batch, heads, q_len, columns) of the query's type; row (b, h, i)
+// puts key j at column first_column[b] + j (device array), 0 where the row sees no key.
+void launch_output_qk(const KernelParams& p, DType dtype, bool after_softmax, const std::int32_t* first_column,
+                      std::int64_t columns, void* out, cudaStream_t stream);
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 // overlap: a programmatic dependent launch after the attention kernel that wrote the partials (the merge waits
 // for it before reading them).
