@@ -85,12 +85,14 @@ __device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
 }
 
 // Q' = rotary(Q) from global memory into the swizzled Q tile (layout_rows rows; rows [rows, q_rows) get zeros),
-// the rotated chunks only: `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
+// the rotated chunks only (first_position: the batch entry's position of query 0, loaded at the kernel's start
+// so that a row's cos / sin loads wait on nothing without position_ids): `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
 // chunk j), all loads of kBatch items issued before the first is worked on (each item waits on two dependent
 // loads, its position and its cos / sin row). The plain chunks past the rotary dimension are the caller's.
 template <class T>
 __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, int q_rows, const RowTables& tables,
-                                   const KernelParams& p, const BlockCoord& c, int t, int threads) {
+                                   const KernelParams& p, const BlockCoord& c, std::int64_t first_position, int t,
+                                   int threads) {
   constexpr int kBatch = 4;
   const QueryRotary& rq = p.rotary;
   const int half = static_cast<int>(rq.half);
@@ -108,8 +110,7 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
       position[k] = 0;
       if (e < q_rows * per_row && r < rows) {
         const std::int64_t s = tables.query[r];
-        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s]
-                                                 : rq.first_position[c.b * rq.first_position_stride] + s;
+        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s] : first_position + s;
       }
     }
 #pragma unroll
@@ -201,6 +202,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
+  // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
+  // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).
+  const std::int64_t rotary_first =
+      p.rotary.cos != nullptr && p.rotary.position_ids == nullptr && tid >= 128
+          ? p.rotary.first_position[c.b * p.rotary.first_position_stride]
+          : 0;
   const std::int64_t first_row = c.row_block * kBlockRows;
   const int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
@@ -341,7 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                r < rows);
   }
   cp_async_commit();
-  if (rotary) load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, tid - 128, consumer_threads);
+  if (rotary) {
+    load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, rotary_first, tid - 128, consumer_threads);
+  }
   cp_async_wait_all();
   // The fold below reads chunks in the copy order: with a rotary, other threads wrote some of them.
   if (kQuantized && rotary) sm90::named_sync(kQBarrier, consumer_threads);
