@@ -43,8 +43,8 @@ std::string describe(const CudaPlan& plan);
 // rotary (the GQA op): Q is rotated as the kernel loads it; only where rotates_query says the run takes the wgmma
 // kernel (anything else throws RuntimeError before launching).
 // overlap_previous: the wgmma and decode-mma kernels may start while the stream's previous kernel runs, and wait
-// for it before reading Q, K or V (that kernel must not write the key lengths or causal offsets: the GQA op's
-// pre-pass).
+// for it before reading Q, K or V (that kernel must not write the key lengths, causal offsets or rotary first
+// positions: the GQA op's pre-pass).
 void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
          bool check_key_lengths = true, const QueryRotary* rotary = nullptr, bool overlap_previous = false);
 // Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary, and that kernel can

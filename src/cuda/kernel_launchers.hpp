@@ -93,8 +93,8 @@ std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
 std::int64_t warpgroup_rows(KvType type);
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);
 // overlap: a programmatic dependent launch (the kernel waits for the stream's previous kernel before it reads
-// Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths or causal
-// offsets the row tables read).
+// Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths, causal
+// offsets or rotary first positions read before that).
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream, bool overlap = false);
 
