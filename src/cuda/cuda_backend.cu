@@ -393,8 +393,10 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
-  // Programmatic dependent launches (sm_90): the merge pass after the attention kernel, and the wgmma kernel
-  // after the caller's previous kernel where the caller says it may (the GQA op's pre-pass).
+  // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
+  // pre-pass): the attention kernel after it, and the merge pass after the attention kernel. (Plain attention
+  // calls keep ordinary launches: nothing of theirs is known to precede them, and they are what the benchmarks
+  // capture in CUDA graphs.)
   const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0";
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
@@ -415,7 +417,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
   if (plan.splits > 1) {
-    launch_merge(params, p.dtype, plan.row_block, stream, pdl);
+    launch_merge(params, p.dtype, plan.row_block, stream, overlap_previous && pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
   }
 }
