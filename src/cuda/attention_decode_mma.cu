@@ -156,10 +156,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
-  // Launched to overlap the GQA pre-pass (launch_decode_mma's `overlap`): Q' and the appended K/V rows are that
-  // kernel's. The merge pass after a split may start once every block of this grid is running.
-  wait_for_prior_grids();
-  allow_dependent_grids();
 
   // Q^T as B fragments: column g is row g; k-step ks holds dims k_step_dim + {0, 1} and {2, 3}, each times
   // K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels fold it).
@@ -372,11 +368,11 @@ std::size_t decode_mma_smem_bytes(std::int64_t head_dim) {
   return static_cast<std::size_t>(kWarps * kRows * (head_dim + 2)) * sizeof(float);
 }
 
-void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap) {
+void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
   with_instance(dtype, p.head_dim, p.k_type, [&](auto instance) {
     using I = decltype(instance);
     launch_kernel(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, decode_mma_smem_bytes(p.head_dim), stream,
-                  overlap, p);
+                  false, p);
   });
 }
 
