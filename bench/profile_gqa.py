@@ -8,7 +8,9 @@ Run (on a GPU machine, with attnkit built with CUDA on PYTHONPATH):
   python3 bench/profile_gqa.py [--steps 20]
 """
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -53,6 +55,15 @@ def main():
             attnkit.group_query_attention(**kw)
         torch.cuda.synchronize()
         loop = (time.perf_counter() - t0) * 1e6 / args.steps
+        # Where the host's time goes: the Python wrapper's functions and the extension call (nanobind's argument
+        # conversion, the op's checks and plan, the CUDA calls), by their own time per call.
+        host_profile = cProfile.Profile()
+        host_profile.enable()
+        for _ in range(args.steps):
+            attnkit.group_query_attention(**kw)
+        host_profile.disable()
+        torch.cuda.synchronize()
+        own = sorted(pstats.Stats(host_profile).stats.items(), key=lambda kv: -kv[1][2])[:6]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 attnkit.group_query_attention(**kw)
@@ -73,6 +84,9 @@ def main():
             print(f"  {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
         for name, (total, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[:8]:
             print(f"  host {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
+        for (file, line, func), (_, calls, tottime, _, _) in own:
+            print(f"  python {tottime / args.steps * 1e6:7.1f} us  x{calls / args.steps:4.1f}  {func} "
+                  f"({os.path.basename(file)}:{line})")
         del kw
         torch.cuda.empty_cache()
 

@@ -24,6 +24,25 @@ inline std::string describe(const GqaOptions& o) {
 }
 
 
+// output_qk against the reference's scores: -inf where the reference has it, else finite and within the dtype's
+// scaled tolerance (both backends compute it in float64 and round once).
+inline void check_qk(const GqaCall& c, const std::vector<double>& expected) {
+  double diff = 0.0, top = 0.0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double x = c.at(c.output_qk, static_cast<std::int64_t>(i));
+    const double want = expected[i];
+    if (std::isinf(want)) {
+      ASSERT_EQ(x, want) << "output_qk element " << i;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(x)) << "output_qk element " << i << " = " << x << ", reference " << want;
+    if (want == 0.0 && x == 0.0) continue;
+    diff = std::max(diff, std::abs(x - want));
+    top = std::max(top, std::abs(want));
+  }
+  EXPECT_LE(top > 0 ? diff / top : diff, testing::tolerance(c.o.dtype)) << "output_qk";
+}
+
 // Compares a present cache with the reference's expectation: exact where no arithmetic made it (copies,
 // zeros, untouched rows, V rows, and K rows without norm or rotary); a float K' row within one rounding of the
 // type (the op computes norm and rotary in float32, the reference in float64, both then round to the type);

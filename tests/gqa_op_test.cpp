@@ -11,23 +11,6 @@ namespace {
 constexpr DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
 
-void check_qk(const GqaCall& c, const std::vector<double>& expected) {
-  double diff = 0.0, top = 0.0;
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    const double x = c.at(c.output_qk, static_cast<std::int64_t>(i));
-    const double want = expected[i];
-    if (std::isinf(want)) {
-      ASSERT_EQ(x, want) << "output_qk element " << i;
-      continue;
-    }
-    ASSERT_TRUE(std::isfinite(x)) << "output_qk element " << i << " = " << x << ", reference " << want;
-    if (want == 0.0 && x == 0.0) continue;
-    diff = std::max(diff, std::abs(x - want));
-    top = std::max(top, std::abs(want));
-  }
-  EXPECT_LE(top > 0 ? diff / top : diff, testing::tolerance(c.o.dtype)) << "output_qk";
-}
-
 // Runs one call and checks everything it wrote against the reference.
 void check_call(const GqaOptions& o, Backend backend = Backend::Cpu) {
   SCOPED_TRACE(describe(o));

@@ -360,7 +360,7 @@ def group_query_attention(
     device, except seqlens_k, total_sequence_length, position_ids, head_sink, k_scale and v_scale, which may also
     be host arrays. The op reads their values on the host (its checks and plan) before it writes anything, so
     device copies of them are read back (a synchronisation); pass them on the host (NumPy, a CPU tensor, a Python
-    int) and a decode step queues its kernels without waiting. On CUDA, qk_output != 0 is refused (ValueError) for now. A CUDA query raises
+    int) and a decode step queues its kernels without waiting. A CUDA query raises
     ValueError when this build has no CUDA backend or it finds no device (``available_backends()``).
 
     Args:

@@ -17,7 +17,7 @@ struct ScoreTransform {
     return softcap > 0.0f ? softcap * std::tanh(s / softcap) : s;
   }
   // The float64 form the reference uses.
-  double apply(double dot) const {
+  ATTNKIT_HD double apply(double dot) const {
     const double s = dot * static_cast<double>(scale);
     return softcap > 0.0f ? softcap * std::tanh(s / softcap) : s;
   }

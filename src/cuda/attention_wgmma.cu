@@ -85,12 +85,14 @@ __device__ __forceinline__ int swizzled_chunk(int rows, int row, int chunk) {
 }
 
 // Q' = rotary(Q) from global memory into the swizzled Q tile (layout_rows rows; rows [rows, q_rows) get zeros),
-// the rotated chunks only: `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
+// the rotated chunks only (first_position: the batch entry's position of query 0, loaded at the kernel's start
+// so that a row's cos / sin loads wait on nothing without position_ids): `pairs` pairs per item (8 across chunks j and j + half / 8, or, interleaved, the 4 of
 // chunk j), all loads of kBatch items issued before the first is worked on (each item waits on two dependent
 // loads, its position and its cos / sin row). The plain chunks past the rotary dimension are the caller's.
 template <class T>
 __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, int q_rows, const RowTables& tables,
-                                   const KernelParams& p, const BlockCoord& c, int t, int threads) {
+                                   const KernelParams& p, const BlockCoord& c, std::int64_t first_position, int t,
+                                   int threads) {
   constexpr int kBatch = 4;
   const QueryRotary& rq = p.rotary;
   const int half = static_cast<int>(rq.half);
@@ -108,8 +110,7 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
       position[k] = 0;
       if (e < q_rows * per_row && r < rows) {
         const std::int64_t s = tables.query[r];
-        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s]
-                                                 : rq.first_position[c.b * rq.first_position_stride] + s;
+        position[k] = rq.position_ids != nullptr ? rq.position_ids[c.b * rq.position_row + s] : first_position + s;
       }
     }
 #pragma unroll
@@ -201,6 +202,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
+  // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
+  // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).
+  const std::int64_t rotary_first =
+      p.rotary.cos != nullptr && p.rotary.position_ids == nullptr && tid >= 128
+          ? p.rotary.first_position[c.b * p.rotary.first_position_stride]
+          : 0;
   const std::int64_t first_row = c.row_block * kBlockRows;
   const int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
@@ -228,6 +235,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_barrier_init();
   }
   const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
+  // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
+  // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
+  // once every block of this grid is running.
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int lo = keys.lo, hi = keys.hi;
   // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
@@ -336,7 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                r < rows);
   }
   cp_async_commit();
-  if (rotary) load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, tid - 128, consumer_threads);
+  if (rotary) {
+    load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, rotary_first, tid - 128, consumer_threads);
+  }
   cp_async_wait_all();
   // The fold below reads chunks in the copy order: with a rotary, other threads wrote some of them.
   if (kQuantized && rotary) sm90::named_sync(kQBarrier, consumer_threads);
@@ -502,19 +516,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class T, int D, class S>
-void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
+void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
+                   bool overlap) {
   allow_max_dynamic_smem<attention_wgmma_kernel<T, D, S>>();
-  attention_wgmma_kernel<T, D, S><<<static_cast<unsigned>(blocks), kThreads, smem_bytes_for<T, D, S>(), stream>>>(p, maps);
+  launch_kernel(attention_wgmma_kernel<T, D, S>, dim3(static_cast<unsigned>(blocks)), kThreads, smem_bytes_for<T, D, S>(), stream, overlap, p, maps);
 }
 
 // Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so).
 template <class T, int D>
-void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream) {
+void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
+                  bool overlap) {
   if constexpr (D == 64 || D == 128) {
-    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream);
-    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream);
+    if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
+    if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
   }
-  launch_stored<T, D, T>(p, maps, blocks, stream);
+  launch_stored<T, D, T>(p, maps, blocks, stream, overlap);
 }
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
@@ -627,15 +643,15 @@ bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
 }
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool overlap) {
   if (dtype == DType::f16) {
-    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream);
-    else launch_typed<__half, 256>(p, maps, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream, overlap);
+    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream, overlap);
+    else launch_typed<__half, 256>(p, maps, blocks, stream, overlap);
   } else {
-    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream);
-    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream);
-    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream);
+    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream, overlap);
+    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream, overlap);
+    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream, overlap);
   }
 }
 

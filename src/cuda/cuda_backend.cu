@@ -144,9 +144,11 @@ bool mma_aligned(const Layout& l, KvType type) {
 // process can compare them:
 //   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
 //   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
-//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32 takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32|decode-mma takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_DECODE_MMA=0 keeps the decode-mma kernel out of every plan;
 //   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
+//   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds).
 std::string env_value(const char* name) {
@@ -174,7 +176,12 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   };
   const bool tf32_ok = tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
                        aligned4(p.q) && aligned4(p.k) && aligned4(p.v);
+  const bool decode_mma_ok = allow_special &&
+                             decode_mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type,
+                                                 p.has_mask) &&
+                             mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
   const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+  if (forced == "decode-mma" && decode_mma_ok) return CudaPlan::Kernel::DecodeMma;
   if (forced == "tf32" && tf32_ok) return CudaPlan::Kernel::Tf32;
   if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
   if (forced == "mma" && mma_ok) return CudaPlan::Kernel::TensorCore;
@@ -194,6 +201,13 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
   // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
   const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
+  // A quantized cache under a decode step's few rows: the keys on the MMA's M side, so that the tensor-core work
+  // follows the keys, not 16 or 64 padded rows (the wgmma kernel's int8 step took as long as its float16 one).
+  // ATTNKIT_CUDA_WGMMA=all leaves it to the wgmma kernel (the tests run that kernel on these shapes so).
+  if (decode_mma_ok && quantized && group_rows <= 2 * kDecodeMmaRows && warpgroup_switch != "all" &&
+      env_value("ATTNKIT_CUDA_DECODE_MMA") != "0") {
+    return CudaPlan::Kernel::DecodeMma;
+  }
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
   const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
@@ -218,6 +232,7 @@ int resident_blocks(CudaPlan::Kernel kernel, const AttentionProblem& p) {
   switch (kernel) {
     case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
     case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
+    case CudaPlan::Kernel::DecodeMma: return decode_mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
     case CudaPlan::Kernel::Warpgroup: return 1;
     case CudaPlan::Kernel::Simt:
     case CudaPlan::Kernel::Tf32: break;
@@ -234,7 +249,11 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
   plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
-  plan.row_block = decode ? kDecodeRows : warpgroup ? warpgroup_rows(p.k_storage.type) : kRowBlock;
+  const bool decode_mma = plan.kernel == CudaPlan::Kernel::DecodeMma;
+  plan.row_block = decode       ? kDecodeRows
+                   : decode_mma ? kDecodeMmaRows
+                   : warpgroup  ? warpgroup_rows(p.k_storage.type)
+                                : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -268,6 +287,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
+                    : decode_mma                                ? decode_mma_smem_bytes(p.head_dim)
                     : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =
@@ -283,7 +303,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
 CudaPlan plan(const AttentionProblem& p) {
   if (!available()) throw Error("config.backend", "no CUDA device is present");
   CudaPlan plan = plan_for(p, true);
-  if (plan.kernel == CudaPlan::Kernel::Decode || plan.kernel == CudaPlan::Kernel::Warpgroup) {
+  if (plan.kernel == CudaPlan::Kernel::Decode || plan.kernel == CudaPlan::Kernel::Warpgroup ||
+      plan.kernel == CudaPlan::Kernel::DecodeMma) {
     // Rows that do not start on the decode / wgmma kernel's load width (an odd base pointer, seen only at run
     // time) take the mma.sync / SIMT plan instead: the scratch covers both.
     plan.scratch_bytes = std::max(plan.scratch_bytes, plan_for(p, false).scratch_bytes);
@@ -295,6 +316,7 @@ std::string describe(const CudaPlan& plan) {
   const char* kernel = plan.kernel == CudaPlan::Kernel::Simt        ? "simt"
                        : plan.kernel == CudaPlan::Kernel::Tf32      ? "tf32"
                        : plan.kernel == CudaPlan::Kernel::Decode    ? "decode"
+                       : plan.kernel == CudaPlan::Kernel::DecodeMma ? "decode-mma"
                        : plan.kernel == CudaPlan::Kernel::Warpgroup ? "wgmma"
                                                                     : "tensor-core";
   std::string s = std::string("cuda.") + kernel + " " +
@@ -314,7 +336,7 @@ namespace {
 bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen,
                          WarpgroupMaps& maps) {
   const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
-  if (chosen.kernel == CudaPlan::Kernel::Decode) return decode_fits;
+  if (chosen.kernel == CudaPlan::Kernel::Decode || chosen.kernel == CudaPlan::Kernel::DecodeMma) return decode_fits;
   if (chosen.kernel == CudaPlan::Kernel::Warpgroup) {
     return decode_fits && pointer_aligned16(a.q.data) &&
            warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps);
@@ -331,7 +353,7 @@ bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const Cuda
 }
 
 void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chosen, void* scratch,
-         bool check_key_lengths, const QueryRotary* rotary) {
+         bool check_key_lengths, const QueryRotary* rotary, bool overlap_previous) {
   auto stream = static_cast<cudaStream_t>(a.stream);
   auto* flag = static_cast<int*>(scratch);
   WarpgroupMaps maps{};
@@ -371,13 +393,22 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
+  // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
+  // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. (Plain attention calls keep
+  // ordinary launches: nothing of theirs is known to precede them, and they are what the benchmarks capture in
+  // CUDA graphs.) Not for the decode-mma kernel: on the H200 its int8 steps took 297.5 / 172.5 µs with them
+  // and 261.3 / 169.2 µs without (batch 64 x 4k / batch 8 x 32k), while the wgmma steps gained 0-2%.
+  const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && overlap_previous &&
+                   plan.kernel == CudaPlan::Kernel::Warpgroup;
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
+    } else if (plan.kernel == CudaPlan::Kernel::DecodeMma) {
+      launch_decode_mma(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
-      launch_warpgroup(params, maps, p.dtype, blocks, stream);
+      launch_warpgroup(params, maps, p.dtype, blocks, stream, first == 0 && pdl);
     } else if (tensor_cores) {
       launch_mma(params, p.dtype, blocks, stream);
     } else if (tf32) {
@@ -388,9 +419,19 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
   if (plan.splits > 1) {
-    launch_merge(params, p.dtype, plan.row_block, stream);
+    launch_merge(params, p.dtype, plan.row_block, stream, pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
   }
+}
+
+void write_output_qk(const AttentionProblem& p, const AttentionArgs& a, bool after_softmax,
+                     const std::int32_t* first_column, std::int64_t columns, void* out) {
+  CudaPlan plan;
+  plan.group = p.heads / p.kv_heads;
+  plan.group_rows = plan.group * p.q_len;
+  const KernelParams params = make_params(p, a, plan, nullptr);
+  launch_output_qk(params, p.dtype, after_softmax, first_column, columns, out, static_cast<cudaStream_t>(a.stream));
+  check_cuda(cudaGetLastError(), "the output_qk launch");
 }
 
 void* device_alloc(std::size_t bytes) {

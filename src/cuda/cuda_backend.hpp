@@ -19,7 +19,7 @@ bool is_device_pointer(const void* p);
 
 // Which kernel runs a problem, its grid and its key split. Chosen from the shape and the device's SM count.
 struct CudaPlan {
-  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup, Tf32 };
+  enum class Kernel : std::uint8_t { Simt, TensorCore, Decode, Warpgroup, Tf32, DecodeMma };
   Kernel kernel = Kernel::Simt;
   int head_dim_tile = 0;        // TensorCore: the padded head dim the kernel is built for
   std::int64_t group = 1;       // query heads per K/V head
@@ -42,12 +42,20 @@ std::string describe(const CudaPlan& plan);
 // check_key_lengths = false skips that check: for callers that made the lengths themselves (the GQA op).
 // rotary (the GQA op): Q is rotated as the kernel loads it; only where rotates_query says the run takes the wgmma
 // kernel (anything else throws RuntimeError before launching).
+// overlap_previous: the wgmma and decode-mma kernels may start while the stream's previous kernel runs, and wait
+// for it before reading Q, K or V (that kernel must not write the key lengths, causal offsets or rotary first
+// positions: the GQA op's pre-pass).
 void run(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan, void* scratch,
-         bool check_key_lengths = true, const QueryRotary* rotary = nullptr);
+         bool check_key_lengths = true, const QueryRotary* rotary = nullptr, bool overlap_previous = false);
 // Whether run() with these args takes the wgmma kernel, the one that applies a QueryRotary, and that kernel can
 // apply this one (query_rotary_loads_chunks).
 bool rotates_query(const AttentionProblem& problem, const AttentionArgs& args, const CudaPlan& plan,
                    const QueryRotary& rotary);
+
+// The GQA op's output_qk for one core call (its problem and device args), on args.stream: see gqa/output_qk.hpp
+// (the same float64 arithmetic); first_column is a device array.
+void write_output_qk(const AttentionProblem& problem, const AttentionArgs& args, bool after_softmax,
+                     const std::int32_t* first_column, std::int64_t columns, void* out);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
 void* device_alloc(std::size_t bytes);

@@ -8,10 +8,13 @@ bool available() { return false; }
 bool is_device_pointer(const void*) { return false; }
 CudaPlan plan(const AttentionProblem&) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::string describe(const CudaPlan&) { return "cuda (not built)"; }
-void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*) {
+void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*, bool) {
   throw Error("config.backend", "the CUDA backend is not part of this build");
 }
 bool rotates_query(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, const QueryRotary&) { return false; }
+void write_output_qk(const AttentionProblem&, const AttentionArgs&, bool, const std::int32_t*, std::int64_t, void*) {
+  throw Error("config.backend", "the CUDA backend is not part of this build");
+}
 void* device_alloc(std::size_t) { return nullptr; }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }

@@ -109,6 +109,8 @@ __device__ __forceinline__ void store_cache_values(const float (&x)[kValues], co
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) prepass_vector_kernel(const AppendStep st, int lanes_per_row) {
+  // The attention kernel launched after it may start its setup now (it waits for this grid before it reads).
+  allow_dependent_grids();
   const int L = lanes_per_row;
   const int lane = threadIdx.x % 32;
   const int part = lane % L;

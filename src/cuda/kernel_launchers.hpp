@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace attnkit::cuda {
 
@@ -28,6 +29,25 @@ void allow_max_dynamic_smem() {
     return ok;
   }();
   (void)done;
+}
+
+// Launches kernel<<<grid, threads, smem, stream>>>(args...); with `overlap`, as a programmatic dependent launch
+// (it may start while the stream's previous kernel runs: the kernel must call wait_for_prior_grids() before it
+// reads what that kernel writes). Errors are left for the caller's cudaGetLastError.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem, cudaStream_t stream,
+                   bool overlap, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // The blocks of `Kernel` (threads, dynamic shared memory) one SM of this device holds at once; at least 1.
@@ -72,8 +92,11 @@ bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
 std::int64_t warpgroup_rows(KvType type);
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);
+// overlap: a programmatic dependent launch (the kernel waits for the stream's previous kernel before it reads
+// Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths, causal
+// offsets or rotary first positions read before that).
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool overlap = false);
 
 // attention_decode.cu: 4 rows per block, key ranges of at most kDecodeMaxKeys keys, K/V of the query's type or
 // quantized (int8 / int4, same type for K and V), head dim a multiple of 16 (int4: 32) up to 256 (= v_head_dim),
@@ -86,8 +109,26 @@ std::size_t decode_smem_bytes();
 void launch_decode(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 int decode_resident_blocks(DType dtype, KvType type);  // blocks per SM
 
+// attention_decode_mma.cu: a decode step over a quantized cache on mma.sync with the keys on the MMA's M side:
+// 8 rows per block, float16 / bfloat16 queries, int8 / int4 K/V (the same for both), head dim 64 or 128
+// (= v_head_dim), no additive mask; rows starting on 16 bytes.
+inline constexpr std::int64_t kDecodeMmaRows = 8;
+bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type,
+                         bool has_mask);
+std::size_t decode_mma_smem_bytes(std::int64_t head_dim);
+// Launched in stream order (no programmatic overlap: measured slower, cuda_backend.cu).
+void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
+
+// gqa_output_qk.cu: the GQA op's output_qk, (batch, heads, q_len, columns) of the query's type; row (b, h, i)
+// puts key j at column first_column[b] + j (device array), 0 where the row sees no key.
+void launch_output_qk(const KernelParams& p, DType dtype, bool after_softmax, const std::int32_t* first_column,
+                      std::int64_t columns, void* out, cudaStream_t stream);
+
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
-void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream);
+// overlap: a programmatic dependent launch after the attention kernel that wrote the partials (the merge waits
+// for it before reading them).
+void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap);
 
 // split_merge.cu: first key_lengths index outside [0, k_len] into *bad (-1 when all are in range).
 void launch_check_key_lengths(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad,

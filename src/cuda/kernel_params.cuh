@@ -152,6 +152,22 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the stream-serialization attribute
+// (launch_kernel's `overlap`) may start while the kernel before it in the stream still runs, and calls
+// wait_for_prior_grids() before it reads anything that kernel writes; a kernel calls allow_dependent_grids() to
+// let the next one start early (it launches once every block of this one has called it or exited). Without the
+// attribute, or before sm_90, both are no-ops.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Decodes a block index into (batch, K/V head, row block, key range).
 struct BlockCoord {
   std::int64_t b, kvh, row_block, split;

@@ -19,6 +19,7 @@ constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are fo
 // its turn comes) and the columns of 8 splits are loaded before any of them is folded.
 template <class T>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block) {
+  wait_for_prior_grids();  // launched to overlap the attention kernel that writes the partials
   const std::int64_t base = blockIdx.x;
   const BlockCoord c = block_coord(p, base * p.splits);
   const std::int64_t first_row = c.row_block * row_block;
@@ -94,13 +95,15 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
 
 }  // namespace
 
-void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream) {
+void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap) {
   const dim3 blocks(static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks),
                     static_cast<unsigned>((row_block + kMergeWarps - 1) / kMergeWarps));
   switch (dtype) {
-    case DType::f32: merge_kernel<float><<<blocks, kMergeThreads, 0, stream>>>(p, row_block); break;
-    case DType::f16: merge_kernel<__half><<<blocks, kMergeThreads, 0, stream>>>(p, row_block); break;
-    case DType::bf16: merge_kernel<__nv_bfloat16><<<blocks, kMergeThreads, 0, stream>>>(p, row_block); break;
+    case DType::f32: launch_kernel(merge_kernel<float>, blocks, kMergeThreads, 0, stream, overlap, p, row_block); break;
+    case DType::f16: launch_kernel(merge_kernel<__half>, blocks, kMergeThreads, 0, stream, overlap, p, row_block); break;
+    case DType::bf16:
+      launch_kernel(merge_kernel<__nv_bfloat16>, blocks, kMergeThreads, 0, stream, overlap, p, row_block);
+      break;
   }
 }
 

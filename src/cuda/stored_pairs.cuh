@@ -22,24 +22,29 @@ __host__ __device__ constexpr int stored_row_bytes(int head_dim) {
 // byte permute and one half2 subtraction give two values. bfloat16 has too few mantissa bits for a byte and goes
 // through float32 (int4 nibbles fit: 128 + n).
 template <class T>
-__device__ __forceinline__ void int8x8_to_pairs(std::uint32_t w0, std::uint32_t w1, std::uint32_t (&out)[4]) {
+__device__ __forceinline__ void int8x4_to_pairs(std::uint32_t w, std::uint32_t (&out)[2]) {
   if constexpr (std::is_same_v<T, __half>) {
-    const std::uint32_t b0 = w0 ^ 0x80808080u, b1 = w1 ^ 0x80808080u;  // q + 128
+    const std::uint32_t b = w ^ 0x80808080u;  // q + 128
     const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1024 + 128
-    const std::uint32_t words[4] = {__byte_perm(b0, 0x64646464u, 0x4140), __byte_perm(b0, 0x64646464u, 0x4342),
-                                    __byte_perm(b1, 0x64646464u, 0x4140), __byte_perm(b1, 0x64646464u, 0x4342)};
+    const std::uint32_t words[2] = {__byte_perm(b, 0x64646464u, 0x4140), __byte_perm(b, 0x64646464u, 0x4342)};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&words[i]), bias);
       out[i] = *reinterpret_cast<const std::uint32_t*>(&h);
     }
   } else {
-    float x[8];
-    widen_int8x4(w0, x);
-    widen_int8x4(w1, x + 4);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = pack_pair<T>(x[2 * i], x[2 * i + 1]);
+    float x[4];
+    widen_int8x4(w, x);
+    out[0] = pack_pair<T>(x[0], x[1]);
+    out[1] = pack_pair<T>(x[2], x[3]);
   }
+}
+template <class T>
+__device__ __forceinline__ void int8x8_to_pairs(std::uint32_t w0, std::uint32_t w1, std::uint32_t (&out)[4]) {
+  std::uint32_t lo[2], hi[2];
+  int8x4_to_pairs<T>(w0, lo);
+  int8x4_to_pairs<T>(w1, hi);
+  out[0] = lo[0], out[1] = lo[1], out[2] = hi[0], out[3] = hi[1];
 }
 template <class T>
 __device__ __forceinline__ void int4x8_to_pairs(std::uint32_t w, std::uint32_t (&out)[4]) {

@@ -388,7 +388,8 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   // the cos / sin rows before a block's first MMA, which a decode step (4 rows of a 64-row block) pays in full
   // for a Q' of a few hundred KB (H200, batch 64 decode: 275 -> 281 µs; 4k prompt: 437 -> 405 µs per step).
   bool rotate_in_core = false;
-  if (g.rotary && !g.qk_norm && g.seq * (g.heads / g.kv_heads) >= 64) {
+  // (output_qk reads Q' too: with it, Q' is written.)
+  if (g.rotary && !g.qk_norm && g.qk_output == gqa::QkOutput::None && g.seq * (g.heads / g.kv_heads) >= 64) {
     plan_calls(false, in.query.elements());
     rotate_in_core = true;
     for (std::size_t i = 0; i < calls.size(); ++i) {
@@ -407,14 +408,17 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   const std::size_t v_scales = static_cast<std::size_t>(
       core::kv_scale_count(g.present_value.format.storage.quant, g.kv_heads, g.head_size));
   const std::size_t positions = g.position_ids != nullptr ? static_cast<std::size_t>(B * g.position_row) : 0;
-  // Small arrays, each 256-byte aligned: key rows, causal offsets, batch rows, sinks, K / V scales, positions.
+  // Small arrays, each 256-byte aligned: key rows, causal offsets, batch rows, sinks, K / V scales, positions,
+  // output_qk's first columns.
+  const bool qk = g.qk_output != gqa::QkOutput::None;
   const std::size_t small_sizes[] = {B * sizeof(std::int32_t), B * sizeof(std::int32_t),
                                      B * sizeof(cuda::DeviceBatchRows), static_cast<std::size_t>(g.heads) * sizeof(float),
                                      k_scales * sizeof(float), v_scales * sizeof(float),
-                                     positions * sizeof(std::int64_t)};
-  std::size_t small_at[7];
+                                     positions * sizeof(std::int64_t), qk ? B * sizeof(std::int32_t) : 0};
+  constexpr int kSmallArrays = 8;
+  std::size_t small_at[kSmallArrays];
   std::size_t small_bytes = 0;
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < kSmallArrays; ++i) {
     small_at[i] = small_bytes;
     small_bytes += align(small_sizes[i]);
   }
@@ -446,6 +450,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   if (k_scales > 0) put(4, g.present_key.scales);
   if (v_scales > 0) put(5, g.present_value.scales);
   if (positions > 0) put(6, g.position_ids);
+  if (qk) put(7, first.data());
   device->upload(small, small_bytes, config.stream);
   const auto* d_key_rows = reinterpret_cast<const std::int32_t*>(small + small_at[0]);
   const auto* d_offsets = reinterpret_cast<const std::int32_t*>(small + small_at[1]);
@@ -525,7 +530,19 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     rotary.first_position_stride = sizeof(cuda::DeviceBatchRows) / sizeof(std::int32_t);
   }
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false, rotate_in_core ? &rotary : nullptr);
+    // The attention kernel may overlap the pre-pass's tail (it waits for it before reading Q', K and V; the
+    // lengths and offsets it reads first came up before the pre-pass ran).
+    cuda::run(calls[i].problem, calls[i].args, plans[i], core_scratch, false, rotate_in_core ? &rotary : nullptr,
+              /*overlap_previous=*/true);
+  }
+
+  if (qk) {
+    const auto* d_first = reinterpret_cast<const std::int32_t*>(small + small_at[7]);
+    const std::int64_t row_block = g.heads * g.seq * g.total * static_cast<std::int64_t>(es);
+    for (const CoreCall& c : calls) {
+      cuda::write_output_qk(c.problem, c.args, g.qk_output == gqa::QkOutput::AfterSoftmax, d_first + c.batch_offset,
+                            g.total, static_cast<std::byte*>(g.output_qk) + c.batch_offset * row_block);
+    }
   }
 
   last = describe_call(g, " on cuda", calls.size(), cuda::describe(plans.front()), rotate_in_core);
@@ -538,9 +555,6 @@ GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const 
   if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
   if (config.backend == Backend::Cuda) {
     if (!cuda::available()) throw Error("config.backend", "no CUDA device is present (or this build has no CUDA backend)");
-    if (impl_->settings.qk_output != gqa::QkOutput::None) {
-      throw Error("qk_output", "output_qk is not produced by the CUDA backend (run the op on the CPU for it)");
-    }
   }
   impl_->config = config;
 }

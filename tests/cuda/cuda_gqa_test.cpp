@@ -74,7 +74,7 @@ struct DeviceCall {
   // Copies the outputs and caches back into the call's host buffers.
   void fetch() {
     check(cudaDeviceSynchronize());
-    for (auto* v : {&c.output, &c.present_key, &c.present_value}) {
+    for (auto* v : {&c.output, &c.present_key, &c.present_value, &c.output_qk}) {
       if (!v->empty()) check(cudaMemcpy(v->data(), on_device(v->data()), v->size(), cudaMemcpyDeviceToHost));
     }
   }
@@ -105,6 +105,7 @@ bool check_on_gpu(const GqaOptions& o, bool small_on_device = false) {
   EXPECT_LE(scaled_error(e.output, c.output, o.dtype), testing::tolerance(o.dtype)) << op.describe();
   check_cache(c, e.present_k, c.present_key, c.k_quantized(), true, "present_key");
   check_cache(c, e.present_v, c.present_value, c.v_quantized(), false, "present_value");
+  if (o.qk_output != 0) check_qk(c, e.qk);
   return true;
 }
 
@@ -159,6 +160,7 @@ GqaOptions draw(std::uint64_t seed) {
     o.k_quant = pick(std::string("PER_TENSOR"), std::string("PER_CHANNEL"));
     o.v_quant = chance(20) ? std::string("NONE") : pick(std::string("PER_TENSOR"), std::string("PER_CHANNEL"));
   }
+  if (chance(15)) o.qk_output = pick(1, 2);  // drawn last: the draws above stay what they were
   return o;
 }
 
@@ -298,7 +300,7 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
 // One call on the GPU and the same call on the CPU op (fresh inputs of `o`): the outputs within twice the
 // dtype's tolerance, the caches equal (the pre-pass computes what the CPU units compute), and, on compute
 // capability 9.0 with the default plan, `plan_has` in the op's description.
-void expect_gpu_matches_cpu(const GqaOptions& o, const char* plan_has) {
+void expect_gpu_matches_cpu(const GqaOptions& o, const std::string& plan_has) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   GqaCall cpu = make_call(o);
@@ -323,10 +325,10 @@ void expect_gpu_matches_cpu(const GqaOptions& o, const char* plan_has) {
   EXPECT_EQ(cpu.present_value, gpu.present_value);
 }
 
-// Decode steps over caches long enough that the plan streams them through the Hopper kernel (compute capability
-// 9.0), quantized ones included (raw tiles by TMA, turned into element tiles by the second warpgroup): every
-// cache kind, both element types, head sizes 64 and 128.
-TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
+// Decode steps over long caches: float16 / bfloat16 ones stream through the Hopper kernel (compute capability
+// 9.0), quantized ones through the decode-mma kernel (keys on the MMA's M side; with ATTNKIT_CUDA_WGMMA=all,
+// through the Hopper kernel's raw-tile ring): every cache kind, both element types, head sizes 64 and 128.
+TEST(CudaGqa, LongCacheDecodeTakesTheStreamingKernelsAndMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   struct Kind {
     const char* quant;
@@ -347,7 +349,7 @@ TEST(CudaGqa, LongCacheDecodeTakesTheHopperKernelAndMatchesTheCpu) {
     o.rotary = true;
     o.k_quant = o.v_quant = k.quant;
     o.bits = k.bits;
-    expect_gpu_matches_cpu(o, "wgmma");
+    expect_gpu_matches_cpu(o, std::string(k.quant) == "NONE" ? "wgmma" : "decode-mma");
   }
 }
 
@@ -382,6 +384,38 @@ TEST(CudaGqa, LargePrefillRotatesQueryInTheAttentionKernel) {
   GroupQueryAttention op(c.attrs, cuda_config());
   op.run(d.inputs(), d.outputs());
   EXPECT_EQ(op.describe().find("Q rotary in the attention kernel"), std::string::npos) << op.describe();
+}
+
+// output_qk on the GPU, before and after the softmax, against the float64 reference: a prompt with a bias, a
+// window and a sink; a chunk over a quantized cache with softcap; a decode step over an evicting window cache.
+TEST(CudaGqa, OutputQkMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (const std::int64_t mode : {1, 2}) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      GqaOptions o;
+      o.dtype = t;
+      o.qk_output = mode;
+      o.batch = 2, o.heads = 8, o.kv_heads = 2, o.head_size = 64;
+      o.seq = 9, o.lengths = {9, 5}, o.has_past = false;
+      o.bias = true, o.window = 6, o.head_sink = true, o.rotary = true;
+      EXPECT_TRUE(check_on_gpu(o));
+      GqaOptions chunk;
+      chunk.dtype = t;
+      chunk.qk_output = mode;
+      chunk.batch = 2, chunk.heads = 4, chunk.kv_heads = 2, chunk.head_size = 128;
+      chunk.seq = 3, chunk.lengths = {300, 40}, chunk.shared = true, chunk.present_rows = 320;
+      chunk.softcap = 5.0f, chunk.bits = 8, chunk.k_quant = "PER_CHANNEL", chunk.v_quant = "PER_TENSOR";
+      EXPECT_TRUE(check_on_gpu(chunk));
+      GqaOptions window;
+      window.dtype = t;
+      window.qk_output = mode;
+      window.sliding = true, window.window = 4;
+      window.batch = 3, window.heads = 4, window.kv_heads = 2, window.head_size = 16;
+      window.present_rows = window.past_rows = 6, window.shared = true;
+      window.seq = 1, window.lengths = {30, 7, 3}, window.total = 30;
+      EXPECT_TRUE(check_on_gpu(window));
+    }
+  }
 }
 
 TEST(CudaGqa, BadInputWritesNothing) {
@@ -421,10 +455,6 @@ TEST(CudaGqa, BadInputWritesNothing) {
     EXPECT_NE(std::string(e.what()).find("query"), std::string::npos) << e.what();
   }
   expect_unchanged("host query");
-  // output_qk is refused up front.
-  GqaAttributes a = c.attrs;
-  a.qk_output = 1;
-  EXPECT_THROW(GroupQueryAttention(a, cuda_config()), Error);
   // Device memory on the CPU backend.
   EXPECT_THROW(GroupQueryAttention(c.attrs).run(d.inputs(), d.outputs()), Error);
   expect_unchanged("device memory on the CPU");

@@ -353,11 +353,25 @@ def test_gqa_device_rules():
     assert out.device == kw["query"].device and pk.device == kw["query"].device and pk.shape == (2, 2, 32, 64)
 
 
-def test_gqa_output_qk_is_refused_on_cuda():
-    for qk_output in (1, 2):
-        qk = torch.full((2, 8, 1, 13), float("nan"), dtype=torch.float16, device="cuda")
-        _rejects("output_qk", qk_output=qk_output, output_qk=qk)
-        _rejects("output_qk", quant=True, shared=False, qk_output=qk_output)  # output_qk allocated by the binding
+def test_gqa_output_qk_on_cuda_matches_the_cpu():
+    """output_qk before and after the softmax, on a separate int8 cache and on a shared float16 one: the GPU's
+    (float64 arithmetic, rounded once) against the CPU op's, and the output it came with."""
+    for quant in (False, True):
+        for qk_output in (1, 2):
+            kw = _decode_call(quant, shared=not quant)
+            kw.update(qk_output=qk_output, head_sink=np.full(8, 0.5, np.float16), softcap=20.0)
+            cpu = {n: (t.cpu().clone() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+            if not quant:
+                cpu["present_key"], cpu["present_value"] = cpu["past_key"], cpu["past_value"]
+            want = attnkit.group_query_attention(**cpu)
+            got = attnkit.group_query_attention(**kw)
+            assert len(got) == 4 and got[3].device == kw["query"].device and got[3].shape == (2, 8, 1, 13)
+            w, g = host(want[3]).astype(np.float64), host(got[3]).astype(np.float64)
+            assert np.all(np.isfinite(g))
+            assert np.max(np.abs(w - g)) <= 2e-3 * max(np.max(np.abs(w)), 1e-30), (quant, qk_output)
+            assert np.array_equal(g == 0, w == 0), "the keys a row does not see hold 0 on both backends"
+            o_w, o_g = host(want[0]).astype(np.float64), host(got[0]).astype(np.float64)
+            assert np.max(np.abs(o_w - o_g)) <= 2e-3 * np.max(np.abs(o_w))
 
 
 # ---- small inputs on the host or the device ----------------------------------------------------------------------

@@ -1,0 +1,389 @@
+// The decode-mma kernel: a decode step's few query rows per K/V head (at most 8 per block: a group of 4 or 8
+// heads, one token) over a quantized cache (int8 / int4), on mma.sync with the keys on the MMA's M side.
+//
+// Why: with the rows on the M side (the other tensor-core kernels), a decode block's 4 real rows sit in 16
+// (mma.sync) or 64 (wgmma) rows of MMA work, and an int8 tile, half the bytes of a float16 one, costs as much
+// tensor-core time: the step is bound by padded MMAs, not by its bytes (docs/benchmarks.md). Here the scores
+// are computed transposed, S^T = K Q^T (m16n8k16: 16 keys x 8 rows, the group's rows padded to 8 at most), and
+// the output too, O^T = V^T P^T, so the MMA work follows the keys.
+//
+//   * A block is 4 warps over one (batch entry, K/V head, row block of 8, key range). The warps take the range's
+//     16-key chunks in turn, each with its own online-softmax state; the 4 states are merged in warp order at
+//     the end (core::merge_weights, as the split-K pass merges ranges).
+//   * K and V come straight from global memory into registers, `kDepth` chunks ahead, already in the fragment
+//     order the MMAs want: the dot product does not care about the order of the head dimension, so lane (g, t)
+//     reads its quarter of keys g and g + 8 (16-byte pieces interleaved with the quad's other lanes) and gives
+//     its 4 values per k-step the k positions {2t, 2t + 1, 2t + 8, 2t + 9}; Q^T's B fragment takes the same
+//     order once per block (with K's scales folded in). For O^T, lane (g, t) reads the contiguous eighth g of
+//     keys 2t, 2t + 1, 2t + 8, 2t + 9; a byte permute pairs two keys' values of one dimension (the A fragment
+//     of V^T); m-tile mt's rows g and g + 8 are dimensions 2 mt and 2 mt + 1 of eighth g, so each lane ends
+//     holding whole runs of output columns.
+//   * The integers are widened exactly (stored_pairs.cuh); P is rounded to the element type and the normaliser
+//     sums the rounded values, like the other tensor-core kernels; P^T reaches the B fragment of O^T = V^T P^T
+//     through movmatrix (the 8 x 8 transpose of the accumulator's pairs), never through shared memory.
+//
+// Every sum has a fixed order: runs are bit-identical.
+#include "fragment_softmax.cuh"
+#include "kernel_launchers.hpp"
+#include "stored_pairs.cuh"
+
+#include <type_traits>
+
+namespace attnkit::cuda {
+namespace {
+
+constexpr int kRows = static_cast<int>(kDecodeMmaRows);  // the n of m16n8k16
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunkKeys = 16;  // the m of m16n8k16
+
+template <class S>
+constexpr int stored_row_bytes_of(int head_dim) {
+  return std::is_same_v<S, Int4Tag> ? head_dim / 2 : head_dim;
+}
+// What a lane reads of a stored row: a quarter of a K row, an eighth of a V row.
+template <class S, int D>
+constexpr int kKBytes = stored_row_bytes_of<S>(D) / 4;
+template <class S, int D>
+constexpr int kVBytes = stored_row_bytes_of<S>(D) / 8;
+// A K row is read by the 4 lanes of a quad in turn, 16 bytes each (the quad covers 64 contiguous bytes per load):
+// lane t's 16-byte chunk i sits at byte 16 t + 64 i (a quarter of 8 bytes: at 8 t). Its word w (4 bytes, in load
+// order) therefore starts at byte k_word_byte(t, w), and k-step ks of S^T = K Q^T takes 4 consecutive values
+// of it: k_step_dim(t, ks) is the first one's dimension (Q^T's B fragment uses the same).
+template <class S, int D>
+__host__ __device__ constexpr int k_word_byte(int t, int w) {
+  return (kKBytes<S, D> >= 16 ? 16 : kKBytes<S, D>) * t + 64 * (w / 4) + 4 * (w % 4);
+}
+template <class S, int D>
+__host__ __device__ constexpr int k_step_dim(int t, int ks) {
+  return std::is_same_v<S, Int4Tag> ? 2 * k_word_byte<S, D>(t, ks / 2) + 4 * (ks % 2) : k_word_byte<S, D>(t, ks);
+}
+
+// Chunks in flight per warp: an int4 chunk is half the bytes of an int8 one.
+template <class S>
+constexpr int kDepth = std::is_same_v<S, Int4Tag> ? 4 : 2;
+
+// kBytes of a row into words: 16-byte chunks `stride` bytes apart (or one 8- or 4-byte piece).
+template <int kBytes>
+__device__ __forceinline__ void load_words(std::uint32_t (&w)[kBytes / 4], const std::uint8_t* src, bool valid,
+                                           int stride = 16) {
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 x = valid ? __ldg(reinterpret_cast<const uint4*>(src + i * stride)) : uint4{0u, 0u, 0u, 0u};
+      w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 x = valid ? __ldg(reinterpret_cast<const uint2*>(src)) : uint2{0u, 0u};
+    w[0] = x.x, w[1] = x.y;
+  } else {
+    static_assert(kBytes == 4, "a lane reads 4, 8 or a multiple of 16 bytes");
+    w[0] = valid ? __ldg(reinterpret_cast<const unsigned int*>(src)) : 0u;
+  }
+}
+
+// Stored words -> element-type pairs, in value order (int8: 2 pairs per word, int4: 4).
+template <class T, class S, int kWords>
+__device__ __forceinline__ void words_to_pairs(const std::uint32_t (&w)[kWords],
+                                               std::uint32_t (&pairs)[kWords * (std::is_same_v<S, Int4Tag> ? 4 : 2)]) {
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    if constexpr (std::is_same_v<S, Int4Tag>) {
+      std::uint32_t out[4];
+      int4x8_to_pairs<T>(w[i], out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pairs[4 * i + j] = out[j];
+    } else {
+      std::uint32_t out[2];
+      int8x4_to_pairs<T>(w[i], out);
+      pairs[2 * i] = out[0], pairs[2 * i + 1] = out[1];
+    }
+  }
+}
+
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// A warp's stored bytes of one chunk: K keys g and g + 8 (quarter t), V keys 2t, 2t + 1, 2t + 8, 2t + 9
+// (eighth g).
+template <class S, int D>
+struct RawChunk {
+  std::uint32_t k[2][kKBytes<S, D> / 4];
+  std::uint32_t v[4][kVBytes<S, D> / 4];
+};
+
+// Byte offset of value index `index` of a stored K/V buffer.
+template <class S>
+__device__ __forceinline__ std::int64_t stored_byte(std::int64_t index) {
+  return std::is_same_v<S, Int4Tag> ? index / 2 : index;
+}
+
+template <class S, int D>
+__device__ __forceinline__ void load_chunk(RawChunk<S, D>& raw, const KernelParams& p, const BlockCoord& c, int key0,
+                                           int hi, int g, int t) {
+  const auto* k = static_cast<const std::uint8_t*>(p.k);
+  const auto* v = static_cast<const std::uint8_t*>(p.v);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + g + 8 * i;
+    const bool valid = key < hi;
+    load_words<kKBytes<S, D>>(raw.k[i], k + (valid ? stored_byte<S>(p.lk.index(c.b, c.kvh, key)) : 0) +
+                                            k_word_byte<S, D>(t, 0),
+                              valid, 64);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = key0 + 2 * t + (i % 2) + 8 * (i / 2);
+    const bool valid = key < hi;
+    load_words<kVBytes<S, D>>(raw.v[i], v + (valid ? stored_byte<S>(p.lv.index(c.b, c.kvh, key)) : 0) + g * kVBytes<S, D>,
+                              valid);
+  }
+}
+
+template <class T, int D, class S>
+__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const KernelParams p) {
+  extern __shared__ float merge[];  // [kWarps][kRows][D + 2]: each warp's accumulator, max and sum
+  __shared__ int table_mem[4 * kRows + kBlockKeyInts];
+  const RowTables tables{table_mem, table_mem + kRows, table_mem + 2 * kRows, table_mem + 3 * kRows,
+                         table_mem + 4 * kRows};
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const std::int64_t block = p.first_block + blockIdx.x;
+  const BlockCoord c = block_coord(p, block);
+  const std::int64_t first_row = c.row_block * kRows;
+  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+
+  // Q^T as B fragments: column g is row g; k-step ks holds dims k_step_dim + {0, 1} and {2, 3}, each times
+  // K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels fold it).
+  std::uint32_t qb[D / 16][2];
+  {
+    const bool real = g < rows;
+    const T* q = static_cast<const T*>(p.q) + (real ? p.lq.index(c.b, tables.head[g], tables.query[g]) : 0);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int d = k_step_dim<S, D>(t, ks) + 2 * h;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (real) {
+          x0 = to_float(q[d]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d);
+          x1 = to_float(q[d + 1]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d + 1);
+        }
+        qb[ks][h] = pack_pair<T>(x0, x1);
+      }
+  }
+  // This lane's two rows of S^T's columns: 2t and 2t + 1.
+  int row_begin[2], row_end[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 2 * t + r;
+    row_begin[r] = row < rows ? tables.begin[row] : 0;
+    row_end[r] = row < rows ? tables.end[row] : 0;
+  }
+
+  float o[D / 16][4];  // O^T of m-tile mt: dims base + 2 mt (c0, c1) and + 1 (c2, c3), rows 2t and 2t + 1
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float row_max[2] = {core::kNegInf, core::kNegInf};
+  float row_sum[2] = {0.0f, 0.0f};  // this lane's share (keys g and g + 8 of each chunk), summed over g at the end
+  const float scale = p.transform.scale, softcap = p.transform.softcap;
+
+  auto compute = [&](const RawChunk<S, D>& raw, int key0) {
+    // S^T = K Q^T: 16 keys x 8 rows.
+    constexpr int kKPairs = kKBytes<S, D> / 4 * (std::is_same_v<S, Int4Tag> ? 4 : 2);
+    std::uint32_t kp[2][kKPairs];
+    words_to_pairs<T, S>(raw.k[0], kp[0]);
+    words_to_pairs<T, S>(raw.k[1], kp[1]);
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const std::uint32_t a[4] = {kp[0][2 * ks], kp[1][2 * ks], kp[0][2 * ks + 1], kp[1][2 * ks + 1]};
+      mma16816<T>(s, a, qb[ks][0], qb[ks][1]);
+    }
+    // s[0], s[1]: key g, rows 2t and 2t + 1; s[2], s[3]: key g + 8.
+    if (softcap > 0.0f) {
+      const float scale_over_cap = scale / softcap;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] = softcap * tanhf(s[e] * scale_over_cap);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] *= scale;
+    }
+    if (key0 < keys.all_begin || key0 + kChunkKeys > keys.all_end) {  // warp-uniform
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + g + 8 * (e / 2);
+        const int r = e % 2;
+        if (key < row_begin[r] || key >= row_end[r]) s[e] = core::kNegInf;
+      }
+    }
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = fmaxf(s[r], s[r + 2]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      const float new_max = fmaxf(row_max[r], m);
+      alpha[r] = core::rescale_factor(row_max[r], new_max);
+      row_max[r] = new_max;
+      row_sum[r] *= alpha[r];
+      shift[r] = core::usable_max(new_max) * kLog2e;
+    }
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        o[mt][0] *= alpha[0], o[mt][2] *= alpha[0];
+        o[mt][1] *= alpha[1], o[mt][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = fast_exp2(fmaf(s[e], kLog2e, -shift[e % 2]));
+    // P^T rounded to T: the 8 x 8 matrices [key][row] of keys 0-7 and 8-15, transposed into O^T's B fragment.
+    float rounded[4];
+    const std::uint32_t p_lo = Pack2<T>::pack(s[0], s[1], rounded[0], rounded[1]);
+    const std::uint32_t p_hi = Pack2<T>::pack(s[2], s[3], rounded[2], rounded[3]);
+    row_sum[0] += rounded[0] + rounded[2];
+    row_sum[1] += rounded[1] + rounded[3];
+    const std::uint32_t b0 = movmatrix_trans(p_lo), b1 = movmatrix_trans(p_hi);
+    // O^T += V^T P^T: m-tile mt is dims base + 2 mt (row g) and base + 2 mt + 1 (row g + 8) of this lane's eighth.
+    constexpr int kVPairs = kVBytes<S, D> / 4 * (std::is_same_v<S, Int4Tag> ? 4 : 2);
+    static_assert(kVPairs == D / 16, "a lane's eighth of a V row is one pair per m-tile");
+    std::uint32_t vp[4][kVPairs];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) words_to_pairs<T, S>(raw.v[i], vp[i]);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      const std::uint32_t a[4] = {__byte_perm(vp[0][mt], vp[1][mt], 0x5410), __byte_perm(vp[0][mt], vp[1][mt], 0x7632),
+                                  __byte_perm(vp[2][mt], vp[3][mt], 0x5410), __byte_perm(vp[2][mt], vp[3][mt], 0x7632)};
+      mma16816<T>(o[mt], a, b0, b1);
+    }
+  };
+
+  // The warps take the chunks of [lo, hi) in turn, kDepth of each warp's next chunks in flight.
+  const int lo = keys.lo, hi = keys.hi;
+  const int chunks = hi > lo ? (hi - lo + kChunkKeys - 1) / kChunkKeys : 0;
+  constexpr int kAhead = kDepth<S>;
+  RawChunk<S, D> raw[kAhead];
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) load_chunk<S, D>(raw[i], p, c, lo + (warp + i * kWarps) * kChunkKeys, hi, g, t);
+  for (int j0 = warp; j0 < chunks; j0 += kAhead * kWarps) {
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int j = j0 + i * kWarps;
+      if (j < chunks) {
+        compute(raw[i], lo + j * kChunkKeys);
+        load_chunk<S, D>(raw[i], p, c, lo + (j + kAhead * kWarps) * kChunkKeys, hi, g, t);
+      }
+    }
+  }
+
+  // Each warp's state into shared memory, then the 4 merged in warp order per (row, column).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 4);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 8);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 16);
+  }
+  constexpr int kStride = D + 2;
+  float* mine = merge + warp * kRows * kStride;
+  const int base = g * (D / 8);
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    mine[(2 * t) * kStride + base + 2 * mt] = o[mt][0];
+    mine[(2 * t + 1) * kStride + base + 2 * mt] = o[mt][1];
+    mine[(2 * t) * kStride + base + 2 * mt + 1] = o[mt][2];
+    mine[(2 * t + 1) * kStride + base + 2 * mt + 1] = o[mt][3];
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mine[(2 * t + r) * kStride + D] = row_max[r];
+      mine[(2 * t + r) * kStride + D + 1] = row_sum[r];
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < rows * D; e += kThreads) {
+    const int r = e / D, d = e % D;
+    float max = core::kNegInf, sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* state = merge + (w * kRows + r) * kStride;
+      const core::MergeWeights mw = core::merge_weights(max, state[D]);
+      sum = sum * mw.wa + state[D + 1] * mw.wb;
+      acc = acc * mw.wa + state[d] * mw.wb;
+      max = mw.max;
+    }
+    acc *= core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, d);
+    const bool poisoned = isnan(sum);  // a NaN or +inf score
+    if (p.partial != nullptr) {
+      float* part = p.partial + (block * kRows + r) * (3 + D);
+      if (d == 0) {
+        part[0] = max;
+        part[1] = sum;
+        part[2] = poisoned ? 1.0f : 0.0f;
+      }
+      part[3 + d] = acc;
+      continue;
+    }
+    const core::RowFinish fin = core::finish_row({max, sum, poisoned}, p.has_sink,
+                                                 p.has_sink ? p.sinks[tables.head[r]] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, tables.head[r], tables.query[r]);
+    out[d] = from_float<T>(finished_value(fin, acc));
+    if (p.return_lse && d == 0) p.lse[p.llse.index(c.b, tables.head[r], tables.query[r])] = fin.lse;
+  }
+}
+
+template <class T, int D, class S>
+struct Instance {
+  static constexpr auto kernel = attention_decode_mma_kernel<T, D, S>;
+};
+
+// Calls f(Instance<T, D, S>{}) for (dtype, head dim, storage); only the supported combinations are built.
+template <class T, class F>
+void with_dim(std::int64_t head_dim, KvType type, F&& f) {
+  const bool int4 = type == KvType::Int4;
+  if (head_dim == 64) return int4 ? f(Instance<T, 64, Int4Tag>{}) : f(Instance<T, 64, std::int8_t>{});
+  return int4 ? f(Instance<T, 128, Int4Tag>{}) : f(Instance<T, 128, std::int8_t>{});
+}
+template <class F>
+void with_instance(DType dtype, std::int64_t head_dim, KvType type, F&& f) {
+  if (dtype == DType::bf16) return with_dim<__nv_bfloat16>(head_dim, type, f);
+  with_dim<__half>(head_dim, type, f);
+}
+
+}  // namespace
+
+bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type,
+                         bool has_mask) {
+  return (dtype == DType::f16 || dtype == DType::bf16) && head_dim == v_head_dim &&
+         (head_dim == 64 || head_dim == 128) && k_type == v_type && k_type != KvType::Float && !has_mask;
+}
+
+std::size_t decode_mma_smem_bytes(std::int64_t head_dim) {
+  return static_cast<std::size_t>(kWarps * kRows * (head_dim + 2)) * sizeof(float);
+}
+
+void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
+  with_instance(dtype, p.head_dim, p.k_type, [&](auto instance) {
+    using I = decltype(instance);
+    launch_kernel(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, decode_mma_smem_bytes(p.head_dim), stream,
+                  false, p);
+  });
+}
+
+int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
+  int blocks = 1;
+  with_instance(dtype, head_dim, type, [&](auto instance) {
+    using I = decltype(instance);
+    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, decode_mma_smem_bytes(head_dim));
+    blocks = resident;
+  });
+  return blocks;
+}
+
+}  // namespace attnkit::cuda
