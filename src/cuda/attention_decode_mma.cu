@@ -10,14 +10,18 @@
 //   * A block is 4 warps over one (batch entry, K/V head, row block of 8, key range). The warps take the range's
 //     16-key chunks in turn, each with its own online-softmax state; the 4 states are merged in warp order at
 //     the end (core::merge_weights, as the split-K pass merges ranges).
-//   * K and V come straight from global memory into registers, `kDepth` chunks ahead, already in the fragment
-//     order the MMAs want: the dot product does not care about the order of the head dimension, so lane (g, t)
-//     reads its quarter of keys g and g + 8 (16-byte pieces interleaved with the quad's other lanes) and gives
-//     its 4 values per k-step the k positions {2t, 2t + 1, 2t + 8, 2t + 9}; Q^T's B fragment takes the same
-//     order once per block (with K's scales folded in). For O^T, lane (g, t) reads the contiguous eighth g of
-//     keys 2t, 2t + 1, 2t + 8, 2t + 9; a byte permute pairs two keys' values of one dimension (the A fragment
-//     of V^T); m-tile mt's rows g and g + 8 are dimensions 2 mt and 2 mt + 1 of eighth g, so each lane ends
-//     holding whole runs of output columns.
+//   * Each warp streams its chunks through its own ring of `kStages` shared-memory slots with cp.async, the
+//     stored rows copied as they are (padded: the reads below hit distinct banks). Why not straight into
+//     registers: Nsight Compute on the H200 showed that version bound by latency and issue (168 registers, 3
+//     blocks per SM, 2 chunks in flight per warp, a stall on the loads most chunks; the int4 build's 4-deep
+//     unrolled pipeline missed the instruction cache), at 3.1 TB/s for int8 and 1.25 TB/s for int4.
+//   * From its slot a lane reads its words in the fragment order the MMAs want: the dot product does not care
+//     about the order of the head dimension, so lane (g, t) takes the contiguous quarter t of keys g and g + 8
+//     and gives its 4 values per k-step the k positions {2t, 2t + 1, 2t + 8, 2t + 9}; Q^T's B fragment takes
+//     the same order once per block (with K's scales folded in). For O^T, lane (g, t) reads the contiguous
+//     eighth g of keys 2t, 2t + 1, 2t + 8, 2t + 9; a byte permute pairs two keys' values of one dimension (the A
+//     fragment of V^T); m-tile mt's rows g and g + 8 are dimensions 2 mt and 2 mt + 1 of eighth g, so each lane
+//     ends holding whole runs of output columns.
 //   * The integers are widened exactly (stored_pairs.cuh); P is rounded to the element type and the normaliser
 //     sums the rounded values, like the other tensor-core kernels; P^T reaches the B fragment of O^T = V^T P^T
 //     through movmatrix (the 8 x 8 transpose of the accumulator's pairs), never through shared memory.
@@ -46,39 +50,50 @@ template <class S, int D>
 constexpr int kKBytes = stored_row_bytes_of<S>(D) / 4;
 template <class S, int D>
 constexpr int kVBytes = stored_row_bytes_of<S>(D) / 8;
-// A K row is read by the 4 lanes of a quad in turn, 16 bytes each (the quad covers 64 contiguous bytes per load):
-// lane t's 16-byte chunk i sits at byte 16 t + 64 i (a quarter of 8 bytes: at 8 t). Its word w (4 bytes, in load
-// order) therefore starts at byte k_word_byte(t, w), and k-step ks of S^T = K Q^T takes 4 consecutive values
-// of it: k_step_dim(t, ks) is the first one's dimension (Q^T's B fragment uses the same).
+// Lane t's word w of a K row (4 bytes, in read order) starts at byte k_word_byte(t, w) of its contiguous quarter,
+// and k-step ks of S^T = K Q^T takes 4 consecutive values of it: k_step_dim(t, ks) is the first one's dimension
+// (Q^T's B fragment uses the same).
 template <class S, int D>
 __host__ __device__ constexpr int k_word_byte(int t, int w) {
-  return (kKBytes<S, D> >= 16 ? 16 : kKBytes<S, D>) * t + 64 * (w / 4) + 4 * (w % 4);
+  return kKBytes<S, D> * t + 4 * w;
 }
 template <class S, int D>
 __host__ __device__ constexpr int k_step_dim(int t, int ks) {
   return std::is_same_v<S, Int4Tag> ? 2 * k_word_byte<S, D>(t, ks / 2) + 4 * (ks % 2) : k_word_byte<S, D>(t, ks);
 }
 
-// Chunks in flight per warp: an int4 chunk is half the bytes of an int8 one.
-template <class S>
-constexpr int kDepth = std::is_same_v<S, Int4Tag> ? 4 : 2;
+// A ring slot: one chunk's 16 K rows, then its 16 V rows, each row padded to a pitch at which a quarter-warp's
+// (LDS.128), half-warp's (LDS.64) or warp's (LDS.32) reads fall on distinct banks: K rows g and g + 1 sit 16 bytes
+// apart modulo 128 (128-byte rows, read in 32-byte quarters) or 64 / 32 bytes apart (shorter rows); V rows 2t
+// sit 32 bytes apart modulo 128.
+template <class S, int D>
+struct Slot {
+  static constexpr int kRowBytes = stored_row_bytes_of<S>(D);
+  static constexpr int kKPitch = kRowBytes == 128 ? 144 : kRowBytes;
+  static constexpr int kVPitch = kRowBytes == 128 ? 144 : 80;
+  static constexpr int kVOffset = kChunkKeys * kKPitch;
+  static constexpr int kBytes = kVOffset + kChunkKeys * kVPitch;
+  static constexpr int kPieces = kRowBytes / 16;  // 16-byte pieces per stored row
+};
+// Slots per warp: about 13.5 KB of ring each (a block's 4 rings ~54 KB: 4 blocks of an SM's 227 KB).
+template <class S, int D>
+constexpr int kStages = (13824 / Slot<S, D>::kBytes) < 8 ? (13824 / Slot<S, D>::kBytes) : 8;
 
-// kBytes of a row into words: 16-byte chunks `stride` bytes apart (or one 8- or 4-byte piece).
+// kBytes of shared memory into words (one 16-, 8- or 4-byte read per 16 bytes).
 template <int kBytes>
-__device__ __forceinline__ void load_words(std::uint32_t (&w)[kBytes / 4], const std::uint8_t* src, bool valid,
-                                           int stride = 16) {
+__device__ __forceinline__ void read_words(std::uint32_t (&w)[kBytes / 4], const std::uint8_t* src) {
   if constexpr (kBytes % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < kBytes / 16; ++i) {
-      const uint4 x = valid ? __ldg(reinterpret_cast<const uint4*>(src + i * stride)) : uint4{0u, 0u, 0u, 0u};
+      const uint4 x = *reinterpret_cast<const uint4*>(src + 16 * i);
       w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
     }
   } else if constexpr (kBytes == 8) {
-    const uint2 x = valid ? __ldg(reinterpret_cast<const uint2*>(src)) : uint2{0u, 0u};
+    const uint2 x = *reinterpret_cast<const uint2*>(src);
     w[0] = x.x, w[1] = x.y;
   } else {
     static_assert(kBytes == 4, "a lane reads 4, 8 or a multiple of 16 bytes");
-    w[0] = valid ? __ldg(reinterpret_cast<const unsigned int*>(src)) : 0u;
+    w[0] = *reinterpret_cast<const unsigned int*>(src);
   }
 }
 
@@ -107,7 +122,7 @@ __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   return y;
 }
 
-// A warp's stored bytes of one chunk: K keys g and g + 8 (quarter t), V keys 2t, 2t + 1, 2t + 8, 2t + 9
+// A lane's stored bytes of one chunk: K keys g and g + 8 (quarter t), V keys 2t, 2t + 1, 2t + 8, 2t + 9
 // (eighth g).
 template <class S, int D>
 struct RawChunk {
@@ -115,37 +130,65 @@ struct RawChunk {
   std::uint32_t v[4][kVBytes<S, D> / 4];
 };
 
+template <class S, int D>
+__device__ __forceinline__ void read_chunk(RawChunk<S, D>& raw, const std::uint8_t* slot, int g, int t) {
+  using L = Slot<S, D>;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) read_words<kKBytes<S, D>>(raw.k[i], slot + (g + 8 * i) * L::kKPitch + k_word_byte<S, D>(t, 0));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = 2 * t + (i % 2) + 8 * (i / 2);
+    read_words<kVBytes<S, D>>(raw.v[i], slot + L::kVOffset + key * L::kVPitch + g * kVBytes<S, D>);
+  }
+}
+
 // Byte offset of value index `index` of a stored K/V buffer.
 template <class S>
 __device__ __forceinline__ std::int64_t stored_byte(std::int64_t index) {
   return std::is_same_v<S, Int4Tag> ? index / 2 : index;
 }
 
+// One warp's copies of a chunk into a ring slot: lane l copies pieces l + 32 i (the first half K's, the second
+// V's), row (l + 32 i) / kPieces of its region, column l % kPieces; rows past `hi` are zero-filled.
 template <class S, int D>
-__device__ __forceinline__ void load_chunk(RawChunk<S, D>& raw, const KernelParams& p, const BlockCoord& c, int key0,
-                                           int hi, int g, int t) {
-  const auto* k = static_cast<const std::uint8_t*>(p.k);
-  const auto* v = static_cast<const std::uint8_t*>(p.v);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = key0 + g + 8 * i;
-    const bool valid = key < hi;
-    load_words<kKBytes<S, D>>(raw.k[i], k + (valid ? stored_byte<S>(p.lk.index(c.b, c.kvh, key)) : 0) +
-                                            k_word_byte<S, D>(t, 0),
-                              valid, 64);
+struct ChunkCopier {
+  using L = Slot<S, D>;
+  static constexpr int kRowsPerPass = 32 / L::kPieces;  // rows one pass of the warp's lanes covers
+  const std::uint8_t* k_lane;  // the lane's first K piece of key 0
+  const std::uint8_t* v_lane;
+  std::int64_t k_stride, v_stride;  // bytes from one key's row to the next
+  int row0, column;
+
+  __device__ ChunkCopier(const KernelParams& p, const BlockCoord& c, int lane) {
+    const auto* k = static_cast<const std::uint8_t*>(p.k);
+    const auto* v = static_cast<const std::uint8_t*>(p.v);
+    const std::int64_t k0 = stored_byte<S>(p.lk.index(c.b, c.kvh, 0));
+    const std::int64_t v0 = stored_byte<S>(p.lv.index(c.b, c.kvh, 0));
+    k_stride = stored_byte<S>(p.lk.index(c.b, c.kvh, 1)) - k0;
+    v_stride = stored_byte<S>(p.lv.index(c.b, c.kvh, 1)) - v0;
+    row0 = lane / L::kPieces;
+    column = lane % L::kPieces;
+    k_lane = k + k0 + row0 * k_stride + 16 * column;
+    v_lane = v + v0 + row0 * v_stride + 16 * column;
   }
+
+  __device__ __forceinline__ void copy(std::uint8_t* slot, int key0, int hi) const {
+    const std::uint8_t* k_src = k_lane + key0 * k_stride;
+    const std::uint8_t* v_src = v_lane + key0 * v_stride;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int key = key0 + 2 * t + (i % 2) + 8 * (i / 2);
-    const bool valid = key < hi;
-    load_words<kVBytes<S, D>>(raw.v[i], v + (valid ? stored_byte<S>(p.lv.index(c.b, c.kvh, key)) : 0) + g * kVBytes<S, D>,
-                              valid);
+    for (int i = 0; i < kChunkKeys / kRowsPerPass; ++i) {
+      const int row = row0 + kRowsPerPass * i;
+      const bool valid = key0 + row < hi;
+      cp_async16(slot + row * L::kKPitch + 16 * column, k_src + kRowsPerPass * i * k_stride, valid);
+      cp_async16(slot + L::kVOffset + row * L::kVPitch + 16 * column, v_src + kRowsPerPass * i * v_stride, valid);
+    }
   }
-}
+};
 
 template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const KernelParams p) {
-  extern __shared__ float merge[];  // [kWarps][kRows][D + 2]: each warp's accumulator, max and sum
+  // The warps' rings while they stream; then [kWarps][kRows][D + 2] floats: each warp's accumulator, max, sum.
+  extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ int table_mem[4 * kRows + kBlockKeyInts];
   const RowTables tables{table_mem, table_mem + kRows, table_mem + 2 * kRows, table_mem + 3 * kRows,
                          table_mem + 4 * kRows};
@@ -156,6 +199,22 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+  // The warps take the chunks of [lo, hi) in turn; each keeps kStages - 1 of its next chunks in flight through
+  // its ring (one commit group per chunk, empty past the range, so that the wait count stays fixed). The first
+  // ones start before Q is read.
+  const int lo = keys.lo, hi = keys.hi;
+  const int chunks = hi > lo ? (hi - lo + kChunkKeys - 1) / kChunkKeys : 0;
+  constexpr int kSlots = kStages<S, D>;
+  using L = Slot<S, D>;
+  std::uint8_t* ring = smem + warp * kSlots * L::kBytes;
+  const ChunkCopier<S, D> copier(p, c, lane);
+  auto issue = [&](int n) {  // this warp's n-th chunk into slot n % kSlots
+    const int j = warp + n * kWarps;
+    if (j < chunks) copier.copy(ring + (n % kSlots) * L::kBytes, lo + j * kChunkKeys, hi);
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int n = 0; n < kSlots - 1; ++n) issue(n);
 
   // Q^T as B fragments: column g is row g; k-step ks holds dims k_step_dim + {0, 1} and {2, 3}, each times
   // K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels fold it).
@@ -264,23 +323,16 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     }
   };
 
-  // The warps take the chunks of [lo, hi) in turn, kDepth of each warp's next chunks in flight.
-  const int lo = keys.lo, hi = keys.hi;
-  const int chunks = hi > lo ? (hi - lo + kChunkKeys - 1) / kChunkKeys : 0;
-  constexpr int kAhead = kDepth<S>;
-  RawChunk<S, D> raw[kAhead];
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) load_chunk<S, D>(raw[i], p, c, lo + (warp + i * kWarps) * kChunkKeys, hi, g, t);
-  for (int j0 = warp; j0 < chunks; j0 += kAhead * kWarps) {
-#pragma unroll
-    for (int i = 0; i < kAhead; ++i) {
-      const int j = j0 + i * kWarps;
-      if (j < chunks) {
-        compute(raw[i], lo + j * kChunkKeys);
-        load_chunk<S, D>(raw[i], p, c, lo + (j + kAhead * kWarps) * kChunkKeys, hi, g, t);
-      }
-    }
+  for (int n = 0; warp + n * kWarps < chunks; ++n) {
+    cp_async_wait<kSlots - 2>();  // this lane's copies of chunk n have landed
+    __syncwarp();                 // and every lane's; every lane is also done reading slot (n - 1) % kSlots
+    issue(n + kSlots - 1);
+    RawChunk<S, D> raw;
+    read_chunk<S, D>(raw, ring + (n % kSlots) * L::kBytes, g, t);
+    compute(raw, lo + (warp + n * kWarps) * kChunkKeys);
   }
+  cp_async_wait_all();
+  __syncthreads();  // every warp is done with its ring: the merge area below overlaps them
 
   // Each warp's state into shared memory, then the 4 merged in warp order per (row, column).
 #pragma unroll
@@ -290,6 +342,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 16);
   }
   constexpr int kStride = D + 2;
+  float* merge = reinterpret_cast<float*>(smem);
   float* mine = merge + warp * kRows * kStride;
   const int base = g * (D / 8);
 #pragma unroll
@@ -343,6 +396,14 @@ struct Instance {
   static constexpr auto kernel = attention_decode_mma_kernel<T, D, S>;
 };
 
+// Dynamic shared memory: the warps' rings, or the merge area that reuses them when it is larger.
+template <class T, int D, class S>
+constexpr std::size_t smem_bytes_of(Instance<T, D, S>) {
+  constexpr std::size_t rings = static_cast<std::size_t>(kWarps * kStages<S, D> * Slot<S, D>::kBytes);
+  constexpr std::size_t states = static_cast<std::size_t>(kWarps * kRows * (D + 2)) * sizeof(float);
+  return rings > states ? rings : states;
+}
+
 // Calls f(Instance<T, D, S>{}) for (dtype, head dim, storage); only the supported combinations are built.
 template <class T, class F>
 void with_dim(std::int64_t head_dim, KvType type, F&& f) {
@@ -364,15 +425,18 @@ bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head
          (head_dim == 64 || head_dim == 128) && k_type == v_type && k_type != KvType::Float && !has_mask;
 }
 
-std::size_t decode_mma_smem_bytes(std::int64_t head_dim) {
-  return static_cast<std::size_t>(kWarps * kRows * (head_dim + 2)) * sizeof(float);
+std::size_t decode_mma_smem_bytes(std::int64_t head_dim, KvType type) {
+  std::size_t bytes = 0;
+  with_dim<__half>(head_dim, type, [&](auto instance) { bytes = smem_bytes_of(instance); });
+  return bytes;
 }
 
 void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
   with_instance(dtype, p.head_dim, p.k_type, [&](auto instance) {
     using I = decltype(instance);
-    launch_kernel(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, decode_mma_smem_bytes(p.head_dim), stream,
-                  false, p);
+    allow_max_dynamic_smem<I::kernel>();  // the rings may pass the default 48 KB
+    launch_kernel(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, decode_mma_smem_bytes(p.head_dim, p.k_type),
+                  stream, false, p);
   });
 }
 
@@ -380,7 +444,7 @@ int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) 
   int blocks = 1;
   with_instance(dtype, head_dim, type, [&](auto instance) {
     using I = decltype(instance);
-    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, decode_mma_smem_bytes(head_dim));
+    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, decode_mma_smem_bytes(head_dim, type));
     blocks = resident;
   });
   return blocks;

@@ -287,7 +287,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
-                    : decode_mma                                ? decode_mma_smem_bytes(p.head_dim)
+                    : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   plan.partial_bytes =

@@ -115,7 +115,7 @@ int decode_resident_blocks(DType dtype, KvType type);  // blocks per SM
 inline constexpr std::int64_t kDecodeMmaRows = 8;
 bool decode_mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type,
                          bool has_mask);
-std::size_t decode_mma_smem_bytes(std::int64_t head_dim);
+std::size_t decode_mma_smem_bytes(std::int64_t head_dim, KvType type);
 // Launched in stream order (no programmatic overlap: measured slower, cuda_backend.cu).
 void launch_decode_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
 int decode_mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
