@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   const std::string only_dtype = argc > 2 ? argv[2] : "";
   struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
   const Case cases[] = {
+      {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},   {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
       {"bert_b8_s512", 8, 12, 12, 512, 512, 64, false},     {"whisper_enc_1500", 1, 12, 12, 1500, 1500, 64, false},
       {"whisper_dec_448", 1, 12, 12, 1, 448, 64, true},     {"whisper_cross_1q", 1, 12, 12, 1, 1500, 64, false},
       {"fa3_h128_s4k", 4, 16, 16, 4096, 4096, 128, false},  {"fa3_h64_s4k", 4, 32, 32, 4096, 4096, 64, false},
