@@ -50,16 +50,28 @@ template <class S, int D>
 constexpr int kKBytes = stored_row_bytes_of<S>(D) / 4;
 template <class S, int D>
 constexpr int kVBytes = stored_row_bytes_of<S>(D) / 8;
-// Lane t's word w of a K row (4 bytes, in read order) starts at byte k_word_byte(t, w) of its contiguous quarter,
-// and k-step ks of S^T = K Q^T takes 4 consecutive values of it: k_step_dim(t, ks) is the first one's dimension
-// (Q^T's B fragment uses the same).
+// Lane t's word w of a K row (4 bytes, in read order) starts at byte k_word_byte(t, w): its contiguous quarter.
+// K-step ks of S^T = K Q^T takes the lane's pairs 2 ks and 2 ks + 1 (pair_first / pair_second below say which
+// values; Q^T's B fragment takes the same).
 template <class S, int D>
 __host__ __device__ constexpr int k_word_byte(int t, int w) {
   return kKBytes<S, D> * t + 4 * w;
 }
-template <class S, int D>
-__host__ __device__ constexpr int k_step_dim(int t, int ks) {
-  return std::is_same_v<S, Int4Tag> ? 2 * k_word_byte<S, D>(t, ks / 2) + 4 * (ks % 2) : k_word_byte<S, D>(t, ks);
+// Which of a lane's values pair p of words_to_pairs holds: int8 words give pairs in value order (2p, 2p + 1),
+// int4 words pairs (k, k + 4) of their 8 values (no permute back to value order). Any order of the head
+// dimension serves the MMAs as long as Q^T's B fragment (for K) and the output columns (for V) follow it.
+template <class S>
+__host__ __device__ constexpr int pair_first(int p) {
+  return std::is_same_v<S, Int4Tag> ? 8 * (p / 4) + p % 4 : 2 * p;
+}
+template <class S>
+__host__ __device__ constexpr int pair_second(int p) {
+  return pair_first<S>(p) + (std::is_same_v<S, Int4Tag> ? 4 : 1);
+}
+// The values a lane's bytes start at: bytes for int8, two values a byte for int4.
+template <class S>
+__host__ __device__ constexpr int values_of_bytes(int bytes) {
+  return std::is_same_v<S, Int4Tag> ? 2 * bytes : bytes;
 }
 
 // A ring slot: one chunk's 16 K rows, then its 16 V rows, each row padded to a pitch at which a quarter-warp's
@@ -97,7 +109,7 @@ __device__ __forceinline__ void read_words(std::uint32_t (&w)[kBytes / 4], const
   }
 }
 
-// Stored words -> element-type pairs, in value order (int8: 2 pairs per word, int4: 4).
+// Stored words -> element-type pairs (int8: 2 pairs per word in value order, int4: 4, as pair_first says).
 template <class T, class S, int kWords>
 __device__ __forceinline__ void words_to_pairs(const std::uint32_t (&w)[kWords],
                                                std::uint32_t (&pairs)[kWords * (std::is_same_v<S, Int4Tag> ? 4 : 2)]) {
@@ -105,7 +117,7 @@ __device__ __forceinline__ void words_to_pairs(const std::uint32_t (&w)[kWords],
   for (int i = 0; i < kWords; ++i) {
     if constexpr (std::is_same_v<S, Int4Tag>) {
       std::uint32_t out[4];
-      int4x8_to_pairs<T>(w[i], out);
+      int4x8_to_pairs_k_k4<T>(w[i], out);
 #pragma unroll
       for (int j = 0; j < 4; ++j) pairs[4 * i + j] = out[j];
     } else {
@@ -113,6 +125,25 @@ __device__ __forceinline__ void words_to_pairs(const std::uint32_t (&w)[kWords],
       int8x4_to_pairs<T>(w[i], out);
       pairs[2 * i] = out[0], pairs[2 * i + 1] = out[1];
     }
+  }
+}
+
+// float16 int8 V keeps the magic number's bias: a value v widens to the half 1152 + v (one byte permute, no
+// subtraction), O^T accumulates sum p (1152 + v), and the bias comes off once per row at the end, 1152 times the
+// row's sum of the same rounded p (the MMA's products are exact; the float32 sums carry ~1e-3 of an int8 step on
+// 5k keys, far below the output's rounding). 2 of a chunk's ~11 instructions per V word less.
+template <class T, class S>
+constexpr bool kBiasedV = std::is_same_v<T, __half> && !std::is_same_v<S, Int4Tag>;
+constexpr float kVBias = 1152.0f;
+
+template <int kWords>
+__device__ __forceinline__ void int8_words_to_biased_halves(const std::uint32_t (&w)[kWords],
+                                                            std::uint32_t (&pairs)[2 * kWords]) {
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    const std::uint32_t b = w[i] ^ 0x80808080u;  // v + 128 as a byte
+    pairs[2 * i] = __byte_perm(b, 0x64646464u, 0x4140);
+    pairs[2 * i + 1] = __byte_perm(b, 0x64646464u, 0x4342);
   }
 }
 
@@ -216,8 +247,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
 #pragma unroll
   for (int n = 0; n < kSlots - 1; ++n) issue(n);
 
-  // Q^T as B fragments: column g is row g; k-step ks holds dims k_step_dim + {0, 1} and {2, 3}, each times
-  // K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels fold it).
+  // Q^T as B fragments: column g is row g; k-step ks holds the dims of K's pairs 2 ks and 2 ks + 1 (the lane's
+  // quarter of a K row), each times K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels
+  // fold it).
   std::uint32_t qb[D / 16][2];
   {
     const bool real = g < rows;
@@ -226,11 +258,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int d = k_step_dim<S, D>(t, ks) + 2 * h;
+        const int base = values_of_bytes<S>(k_word_byte<S, D>(t, 0));
+        const int d0 = base + pair_first<S>(2 * ks + h), d1 = base + pair_second<S>(2 * ks + h);
         float x0 = 0.0f, x1 = 0.0f;
         if (real) {
-          x0 = to_float(q[d]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d);
-          x1 = to_float(q[d + 1]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d + 1);
+          x0 = to_float(q[d0]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d0);
+          x1 = to_float(q[d1]) * core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d1);
         }
         qb[ks][h] = pack_pair<T>(x0, x1);
       }
@@ -244,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     row_end[r] = row < rows ? tables.end[row] : 0;
   }
 
-  float o[D / 16][4];  // O^T of m-tile mt: dims base + 2 mt (c0, c1) and + 1 (c2, c3), rows 2t and 2t + 1
+  float o[D / 16][4];  // O^T of m-tile mt: V pair mt's first dim (c0, c1) and second (c2, c3), rows 2t, 2t + 1
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float row_max[2] = {core::kNegInf, core::kNegInf};
@@ -309,12 +342,19 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     row_sum[0] += rounded[0] + rounded[2];
     row_sum[1] += rounded[1] + rounded[3];
     const std::uint32_t b0 = movmatrix_trans(p_lo), b1 = movmatrix_trans(p_hi);
-    // O^T += V^T P^T: m-tile mt is dims base + 2 mt (row g) and base + 2 mt + 1 (row g + 8) of this lane's eighth.
+    // O^T += V^T P^T: m-tile mt is the dims of V's pair mt (pair_first: row g, pair_second: row g + 8) of this
+    // lane's eighth.
     constexpr int kVPairs = kVBytes<S, D> / 4 * (std::is_same_v<S, Int4Tag> ? 4 : 2);
     static_assert(kVPairs == D / 16, "a lane's eighth of a V row is one pair per m-tile");
     std::uint32_t vp[4][kVPairs];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) words_to_pairs<T, S>(raw.v[i], vp[i]);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kBiasedV<T, S>) {
+        int8_words_to_biased_halves(raw.v[i], vp[i]);
+      } else {
+        words_to_pairs<T, S>(raw.v[i], vp[i]);
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < D / 16; ++mt) {
       const std::uint32_t a[4] = {__byte_perm(vp[0][mt], vp[1][mt], 0x5410), __byte_perm(vp[0][mt], vp[1][mt], 0x7632),
@@ -341,16 +381,24 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 8);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 16);
   }
+  if constexpr (kBiasedV<T, S>) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] -= kVBias * row_sum[0], o[mt][2] -= kVBias * row_sum[0];
+      o[mt][1] -= kVBias * row_sum[1], o[mt][3] -= kVBias * row_sum[1];
+    }
+  }
   constexpr int kStride = D + 2;
   float* merge = reinterpret_cast<float*>(smem);
   float* mine = merge + warp * kRows * kStride;
   const int base = g * (D / 8);
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
-    mine[(2 * t) * kStride + base + 2 * mt] = o[mt][0];
-    mine[(2 * t + 1) * kStride + base + 2 * mt] = o[mt][1];
-    mine[(2 * t) * kStride + base + 2 * mt + 1] = o[mt][2];
-    mine[(2 * t + 1) * kStride + base + 2 * mt + 1] = o[mt][3];
+    const int first = base + pair_first<S>(mt), second = base + pair_second<S>(mt);
+    mine[(2 * t) * kStride + first] = o[mt][0];
+    mine[(2 * t + 1) * kStride + first] = o[mt][1];
+    mine[(2 * t) * kStride + second] = o[mt][2];
+    mine[(2 * t + 1) * kStride + second] = o[mt][3];
   }
   if (g == 0) {
 #pragma unroll

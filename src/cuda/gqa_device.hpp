@@ -85,7 +85,8 @@ class DeviceWorkspace {
 
   // A device buffer of at least `bytes` (256-byte aligned parts are the caller's business).
   std::byte* device(std::size_t bytes);
-  // A pinned host buffer of at least `bytes`, free to fill: it waits until the last upload from it has run.
+  // A pinned host buffer of at least `bytes`, free to fill: the next slot of a small ring, once the last upload
+  // from that slot has run.
   std::byte* stage(std::size_t bytes);
   // Queues a copy of stage()[0, bytes) to `device_dst` on `stream`.
   void upload(void* device_dst, std::size_t bytes, void* stream);

@@ -227,23 +227,34 @@ void launch_append(const AppendStep& s, void* stream) {
 
 // ---- memory ----
 
+// The pinned stage is a ring of a few slots, each with the event recorded after its last upload: a call waits
+// only for the upload of the call kStageSlots - 1 before it, so the host may queue that many decode steps ahead
+// of the GPU (with one slot, each call waited for the previous call's upload, which runs after the call before
+// that: the host could never be more than a step ahead, and its time per call showed in the step's time).
 struct DeviceWorkspace::State {
+  static constexpr int kStageSlots = 4;
   void* device = nullptr;
   std::size_t device_bytes = 0;
-  void* host = nullptr;
-  std::size_t host_bytes = 0;
-  cudaEvent_t uploaded = nullptr;  // recorded after the last upload from `host`
-  bool pending = false;
+  struct Slot {
+    void* host = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t uploaded = nullptr;  // recorded after the last upload from `host`
+    bool pending = false;
+  };
+  Slot slots[kStageSlots];
+  int current = 0;  // the slot stage() handed out, which upload() copies from
 };
 
 DeviceWorkspace::DeviceWorkspace() : state_(std::make_unique<State>()) {}
 
 DeviceWorkspace::~DeviceWorkspace() {
-  if (state_->uploaded != nullptr) {
-    cudaEventSynchronize(state_->uploaded);
-    cudaEventDestroy(state_->uploaded);
+  for (State::Slot& slot : state_->slots) {
+    if (slot.uploaded != nullptr) {
+      cudaEventSynchronize(slot.uploaded);
+      cudaEventDestroy(slot.uploaded);
+    }
+    if (slot.host != nullptr) cudaFreeHost(slot.host);
   }
-  if (state_->host != nullptr) cudaFreeHost(state_->host);
   // Kernels of the last call may still read this memory: cudaFree waits for the device.
   if (state_->device != nullptr) cudaFree(state_->device);
 }
@@ -263,28 +274,32 @@ std::byte* DeviceWorkspace::device(std::size_t bytes) {
 }
 
 std::byte* DeviceWorkspace::stage(std::size_t bytes) {
-  if (state_->pending) {
-    check(cudaEventSynchronize(state_->uploaded), "cudaEventSynchronize");
-    state_->pending = false;
+  State::Slot& slot = state_->slots[state_->current];
+  if (slot.pending) {
+    check(cudaEventSynchronize(slot.uploaded), "cudaEventSynchronize");
+    slot.pending = false;
   }
-  if (bytes > state_->host_bytes) {
-    if (state_->host != nullptr) check(cudaFreeHost(state_->host), "cudaFreeHost");
-    state_->host = nullptr;
-    check(cudaMallocHost(&state_->host, bytes), "cudaMallocHost");
-    state_->host_bytes = bytes;
+  if (bytes > slot.bytes) {
+    if (slot.host != nullptr) check(cudaFreeHost(slot.host), "cudaFreeHost");
+    slot.host = nullptr;
+    slot.bytes = 0;
+    check(cudaMallocHost(&slot.host, bytes), "cudaMallocHost");
+    slot.bytes = bytes;
   }
-  return static_cast<std::byte*>(state_->host);
+  return static_cast<std::byte*>(slot.host);
 }
 
 void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
-  if (state_->uploaded == nullptr) {
-    check(cudaEventCreateWithFlags(&state_->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  State::Slot& slot = state_->slots[state_->current];
+  if (slot.uploaded == nullptr) {
+    check(cudaEventCreateWithFlags(&slot.uploaded, cudaEventDisableTiming), "cudaEventCreate");
   }
-  check(cudaMemcpyAsync(device_dst, state_->host, bytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  check(cudaEventRecord(state_->uploaded, st), "cudaEventRecord");
-  state_->pending = true;
+  check(cudaMemcpyAsync(device_dst, slot.host, bytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  check(cudaEventRecord(slot.uploaded, st), "cudaEventRecord");
+  slot.pending = true;
+  state_->current = (state_->current + 1) % State::kStageSlots;
 }
 
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, void* stream) {

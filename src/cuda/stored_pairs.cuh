@@ -70,4 +70,35 @@ __device__ __forceinline__ void int4x8_to_pairs(std::uint32_t w, std::uint32_t (
   out[3] = __byte_perm(h[2], h[3], 0x7632);  // 6, 7
 }
 
+// The same 8 values as pairs (value k, value k + 4), k = 0..3: no permute back to value order, for kernels whose
+// MMAs take the values in any order as long as the other operand and the output follow it (the decode-mma
+// kernel). float16 takes the odd nibbles in place: under the magic exponent 2^10 a nibble at bits 4-7 is the
+// half 1024 + 16 n, and one fused multiply-add by 1/16 with -(64 + 8) gives n - 8 exactly (one shift less per
+// pair of nibbles). bfloat16's 7 mantissa bits cannot hold 16 n, so it shifts every nibble down.
+template <class T>
+__device__ __forceinline__ void int4x8_to_pairs_k_k4(std::uint32_t w, std::uint32_t (&out)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));        // 1024 + 8
+    const __half2 sixteenth = __halves2half2(__ushort_as_half(0x2C00), __ushort_as_half(0x2C00));   // 1 / 16
+    const __half2 odd_bias = __halves2half2(__ushort_as_half(0xD480), __ushort_as_half(0xD480));    // -(64 + 8)
+    const std::uint32_t shifted = w >> 8;
+    const std::uint32_t words[4] = {(w & 0x000F000Fu) | 0x64006400u, (w & 0x00F000F0u) | 0x64006400u,
+                                    (shifted & 0x000F000Fu) | 0x64006400u, (shifted & 0x00F000F0u) | 0x64006400u};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __half2 x = *reinterpret_cast<const __half2*>(&words[k]);
+      const __half2 v = (k % 2 == 0) ? __hsub2(x, bias) : __hfma2(x, sixteenth, odd_bias);
+      out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t word = ((w >> (4 * k)) & 0x000F000Fu) | 0x43004300u;  // 128 + n
+      const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
+      const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&word), bias);  // 128 + 8
+      out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+  }
+}
+
 }  // namespace attnkit::cuda
