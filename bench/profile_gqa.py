@@ -11,6 +11,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import re
 import statistics
 import sys
 import time
@@ -29,7 +30,30 @@ CASES = [  # label, batch, new tokens, cache length, cache type, shared buffer
     ("decode b64 cache4k int8", 64, 1, 4096, "int8", True),
     ("decode b8 cache32k float16", 8, 1, 32768, "float16", True),
     ("decode b8 cache32k int8", 8, 1, 32768, "int8", True),
+    ("decode b64 cache4k int4", 64, 1, 4096, "int4", True),
+    ("decode b8 cache32k int4", 8, 1, 32768, "int4", True),
 ]
+
+
+def short(name):
+    return name if len(name) < 70 else name[:67] + "..."
+
+
+def kind(name):
+    m = re.search(r"(\w+)(?:<|\()", name)  # a kernel's own name, else the operation's first words
+    return m.group(1) if m else name[:16]
+
+
+def gaps_between_ops(events):
+    """Mean idle time of the GPU between consecutive operations of the profiled loop, by (previous, next) kind:
+    what each hand-over in the stream costs (negative: the next one overlapped, e.g. a PDL launch)."""
+    ops = sorted((e.time_range.start, e.time_range.end, kind(e.name)) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps = {}
+    for (_, end, a), (start, _, b) in zip(ops, ops[1:]):
+        total, count = gaps.get((a, b), (0.0, 0))
+        gaps[(a, b)] = (total + start - end, count + 1)
+    return gaps
 
 
 def main():
@@ -70,7 +94,7 @@ def main():
             torch.cuda.synchronize()
         kernels, host = {}, {}
         for e in prof.events():
-            name = e.name if len(e.name) < 70 else e.name[:67] + "..."
+            name = short(e.name)
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 total, count = kernels.get(name, (0.0, 0))
                 kernels[name] = (total + e.device_time, count + 1)
@@ -82,6 +106,9 @@ def main():
               f"queued alone, {loop:.1f} us per call in a loop")
         for name, (total, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
             print(f"  {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
+        for (a, b), (total, count) in sorted(gaps_between_ops(prof.events()).items(), key=lambda kv: -kv[1][0]):
+            if count >= args.steps // 2:
+                print(f"  gap {total / count:8.1f} us  x{count / args.steps:4.1f}  {a} -> {b}")
         for name, (total, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[:8]:
             print(f"  host {total / args.steps:9.1f} us  x{count / args.steps:4.1f}  {name}")
         for (file, line, func), (_, calls, tottime, _, _) in own:

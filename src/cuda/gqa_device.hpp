@@ -85,10 +85,10 @@ class DeviceWorkspace {
 
   // A device buffer of at least `bytes` (256-byte aligned parts are the caller's business).
   std::byte* device(std::size_t bytes);
-  // A pinned host buffer of at least `bytes`, free to fill: the next slot of a small ring, once the last upload
-  // from that slot has run.
+  // A host buffer of at least `bytes`, free to fill: up to 32,512 bytes a plain one (upload() passes it as
+  // kernel parameters), else the next slot of a small pinned ring, once the last upload from that slot has run.
   std::byte* stage(std::size_t bytes);
-  // Queues a copy of stage()[0, bytes) to `device_dst` on `stream`.
+  // Queues a copy of stage()[0, bytes) to `device_dst` on `stream` (a one-block kernel or a copy).
   void upload(void* device_dst, std::size_t bytes, void* stream);
 
  private:

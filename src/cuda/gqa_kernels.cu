@@ -9,7 +9,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace attnkit::cuda {
 namespace {
@@ -231,6 +234,42 @@ void launch_append(const AppendStep& s, void* stream) {
 // only for the upload of the call kStageSlots - 1 before it, so the host may queue that many decode steps ahead
 // of the GPU (with one slot, each call waited for the previous call's upload, which runs after the call before
 // that: the host could never be more than a step ahead, and its time per call showed in the step's time).
+//
+// Small enough arrays skip the copy engine: they ride to the device as the parameters of a one-block kernel that
+// stores them (a copy in the stream costs the step its own latency plus two waits between engines; a kernel
+// before the pre-pass costs one kernel-to-kernel step). The host buffer is then free again once the launch
+// returns (the parameters are copied at launch), so no slot waits. ATTNKIT_CUDA_UPLOAD=copy keeps the copy.
+template <int N>
+struct UploadParams {
+  std::byte* dst;
+  std::uint32_t bytes;  // a multiple of 16, at most N
+  alignas(16) unsigned char data[N];
+};
+template <int N>
+__global__ void __launch_bounds__(256) upload_kernel(const __grid_constant__ UploadParams<N> p) {
+  const auto* src = reinterpret_cast<const uint4*>(p.data);
+  auto* dst = reinterpret_cast<uint4*>(p.dst);
+  for (std::uint32_t i = threadIdx.x; i < p.bytes / 16; i += blockDim.x) dst[i] = src[i];
+}
+// Kernel parameters are limited to 32,764 bytes (CUDA 12.1+, Volta and later); smaller classes launch faster.
+constexpr std::size_t kUploadClasses[] = {2048, 8192, 32512};
+template <int N>
+void launch_upload(void* device_dst, const std::byte* host, std::size_t bytes, cudaStream_t stream) {
+  thread_local UploadParams<N> p;  // up to 32 KB: not on the stack
+  p.dst = static_cast<std::byte*>(device_dst);
+  p.bytes = static_cast<std::uint32_t>((bytes + 15) / 16 * 16);
+  std::memcpy(p.data, host, bytes);
+  upload_kernel<N><<<1, 256, 0, stream>>>(p);
+  check(cudaGetLastError(), "the small-array upload launch");
+}
+bool upload_by_kernel() {
+  static const bool by_kernel = [] {
+    const char* v = std::getenv("ATTNKIT_CUDA_UPLOAD");
+    return v == nullptr || std::string_view(v) != "copy";
+  }();
+  return by_kernel;
+}
+
 struct DeviceWorkspace::State {
   static constexpr int kStageSlots = 4;
   void* device = nullptr;
@@ -243,6 +282,8 @@ struct DeviceWorkspace::State {
   };
   Slot slots[kStageSlots];
   int current = 0;  // the slot stage() handed out, which upload() copies from
+  std::vector<std::byte> params;  // the stage of an upload by kernel parameters
+  bool by_params = false;         // what the last stage() handed out
 };
 
 DeviceWorkspace::DeviceWorkspace() : state_(std::make_unique<State>()) {}
@@ -274,6 +315,11 @@ std::byte* DeviceWorkspace::device(std::size_t bytes) {
 }
 
 std::byte* DeviceWorkspace::stage(std::size_t bytes) {
+  state_->by_params = upload_by_kernel() && bytes <= kUploadClasses[2];
+  if (state_->by_params) {
+    if (state_->params.size() < bytes) state_->params.resize(bytes);
+    return state_->params.data();
+  }
   State::Slot& slot = state_->slots[state_->current];
   if (slot.pending) {
     check(cudaEventSynchronize(slot.uploaded), "cudaEventSynchronize");
@@ -292,6 +338,13 @@ std::byte* DeviceWorkspace::stage(std::size_t bytes) {
 void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
+  if (state_->by_params) {
+    const std::byte* host = state_->params.data();
+    if (bytes <= kUploadClasses[0]) launch_upload<kUploadClasses[0]>(device_dst, host, bytes, st);
+    else if (bytes <= kUploadClasses[1]) launch_upload<kUploadClasses[1]>(device_dst, host, bytes, st);
+    else launch_upload<kUploadClasses[2]>(device_dst, host, bytes, st);
+    return;
+  }
   State::Slot& slot = state_->slots[state_->current];
   if (slot.uploaded == nullptr) {
     check(cudaEventCreateWithFlags(&slot.uploaded, cudaEventDisableTiming), "cudaEventCreate");
