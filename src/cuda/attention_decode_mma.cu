@@ -40,6 +40,8 @@ constexpr int kRows = static_cast<int>(kDecodeMmaRows);  // the n of m16n8k16
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunkKeys = 16;  // the m of m16n8k16
+// Four blocks an SM (the rings' shared memory allows four): at most 128 registers a thread.
+constexpr int kBlocksPerSm = 4;
 
 template <class S>
 constexpr int stored_row_bytes_of(int head_dim) {
@@ -179,18 +181,22 @@ __device__ __forceinline__ std::int64_t stored_byte(std::int64_t index) {
   return std::is_same_v<S, Int4Tag> ? index / 2 : index;
 }
 
-// One warp's copies of a chunk into a ring slot: lane l copies pieces l + 32 i (the first half K's, the second
-// V's), row (l + 32 i) / kPieces of its region, column l % kPieces; rows past `hi` are zero-filled.
+// One warp's copies of its chunks into its ring, in order: lane l copies pieces l + 32 i (the first half K's, the
+// second V's), row (l + 32 i) / kPieces of its region, column l % kPieces; rows past `hi` are zero-filled. The
+// source pointers run along the warp's chunks (kWarps chunks apart), so that a full chunk costs its copies and
+// two 64-bit additions.
 template <class S, int D>
 struct ChunkCopier {
   using L = Slot<S, D>;
   static constexpr int kRowsPerPass = 32 / L::kPieces;  // rows one pass of the warp's lanes covers
-  const std::uint8_t* k_lane;  // the lane's first K piece of key 0
-  const std::uint8_t* v_lane;
+  static constexpr int kPasses = kChunkKeys / kRowsPerPass;
+  const std::uint8_t* k_next;  // the lane's first K piece of the warp's next chunk
+  const std::uint8_t* v_next;
   std::int64_t k_stride, v_stride;  // bytes from one key's row to the next
+  int next_key;                     // the first key of that chunk
   int row0, column;
 
-  __device__ ChunkCopier(const KernelParams& p, const BlockCoord& c, int lane) {
+  __device__ ChunkCopier(const KernelParams& p, const BlockCoord& c, int lane, int first_key) {
     const auto* k = static_cast<const std::uint8_t*>(p.k);
     const auto* v = static_cast<const std::uint8_t*>(p.v);
     const std::int64_t k0 = stored_byte<S>(p.lk.index(c.b, c.kvh, 0));
@@ -199,25 +205,37 @@ struct ChunkCopier {
     v_stride = stored_byte<S>(p.lv.index(c.b, c.kvh, 1)) - v0;
     row0 = lane / L::kPieces;
     column = lane % L::kPieces;
-    k_lane = k + k0 + row0 * k_stride + 16 * column;
-    v_lane = v + v0 + row0 * v_stride + 16 * column;
+    next_key = first_key;
+    k_next = k + k0 + (first_key + row0) * k_stride + 16 * column;
+    v_next = v + v0 + (first_key + row0) * v_stride + 16 * column;
   }
 
-  __device__ __forceinline__ void copy(std::uint8_t* slot, int key0, int hi) const {
-    const std::uint8_t* k_src = k_lane + key0 * k_stride;
-    const std::uint8_t* v_src = v_lane + key0 * v_stride;
+  // Copies the warp's next chunk into `slot` (nothing once past `hi`) and moves on to the one after.
+  __device__ __forceinline__ void copy_next(std::uint8_t* slot, int hi) {
+    std::uint8_t* k_dst = slot + row0 * L::kKPitch + 16 * column;
+    std::uint8_t* v_dst = slot + L::kVOffset + row0 * L::kVPitch + 16 * column;
+    if (next_key + kChunkKeys <= hi) {  // warp-uniform: a full chunk
 #pragma unroll
-    for (int i = 0; i < kChunkKeys / kRowsPerPass; ++i) {
-      const int row = row0 + kRowsPerPass * i;
-      const bool valid = key0 + row < hi;
-      cp_async16(slot + row * L::kKPitch + 16 * column, k_src + kRowsPerPass * i * k_stride, valid);
-      cp_async16(slot + L::kVOffset + row * L::kVPitch + 16 * column, v_src + kRowsPerPass * i * v_stride, valid);
+      for (int i = 0; i < kPasses; ++i) {
+        cp_async16(k_dst + kRowsPerPass * i * L::kKPitch, k_next + kRowsPerPass * i * k_stride, true);
+        cp_async16(v_dst + kRowsPerPass * i * L::kVPitch, v_next + kRowsPerPass * i * v_stride, true);
+      }
+    } else if (next_key < hi) {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const bool valid = next_key + row0 + kRowsPerPass * i < hi;
+        cp_async16(k_dst + kRowsPerPass * i * L::kKPitch, valid ? k_next + kRowsPerPass * i * k_stride : k_next, valid);
+        cp_async16(v_dst + kRowsPerPass * i * L::kVPitch, valid ? v_next + kRowsPerPass * i * v_stride : v_next, valid);
+      }
     }
+    next_key += kWarps * kChunkKeys;
+    k_next += kWarps * kChunkKeys * k_stride;
+    v_next += kWarps * kChunkKeys * v_stride;
   }
 };
 
 template <class T, int D, class S>
-__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_decode_mma_kernel(const KernelParams p) {
   // The warps' rings while they stream; then [kWarps][kRows][D + 2] floats: each warp's accumulator, max, sum.
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ int table_mem[4 * kRows + kBlockKeyInts];
@@ -238,14 +256,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
   constexpr int kSlots = kStages<S, D>;
   using L = Slot<S, D>;
   std::uint8_t* ring = smem + warp * kSlots * L::kBytes;
-  const ChunkCopier<S, D> copier(p, c, lane);
-  auto issue = [&](int n) {  // this warp's n-th chunk into slot n % kSlots
-    const int j = warp + n * kWarps;
-    if (j < chunks) copier.copy(ring + (n % kSlots) * L::kBytes, lo + j * kChunkKeys, hi);
+  ChunkCopier<S, D> copier(p, c, lane, lo + warp * kChunkKeys);
+  int issue_slot = 0;  // the slot of the warp's next copy: its chunks go round the ring in order
+  auto issue = [&] {
+    copier.copy_next(ring + issue_slot * L::kBytes, hi);
     cp_async_commit();
+    issue_slot = issue_slot + 1 == kSlots ? 0 : issue_slot + 1;
   };
 #pragma unroll
-  for (int n = 0; n < kSlots - 1; ++n) issue(n);
+  for (int n = 0; n < kSlots - 1; ++n) issue();
 
   // Q^T as B fragments: column g is row g; k-step ks holds the dims of K's pairs 2 ks and 2 ks + 1 (the lane's
   // quarter of a K row), each times K's scale and rounded to T (q . (k s) = (q s) . k, as the other kernels
@@ -342,33 +361,52 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
     row_sum[0] += rounded[0] + rounded[2];
     row_sum[1] += rounded[1] + rounded[3];
     const std::uint32_t b0 = movmatrix_trans(p_lo), b1 = movmatrix_trans(p_hi);
-    // O^T += V^T P^T: m-tile mt is the dims of V's pair mt (pair_first: row g, pair_second: row g + 8) of this
-    // lane's eighth.
-    constexpr int kVPairs = kVBytes<S, D> / 4 * (std::is_same_v<S, Int4Tag> ? 4 : 2);
-    static_assert(kVPairs == D / 16, "a lane's eighth of a V row is one pair per m-tile");
-    std::uint32_t vp[4][kVPairs];
+    // O^T += V^T P^T. The A fragment of m-tile mt pairs two keys' values of one dimension: keys (2t, 2t + 1) and
+    // (2t + 8, 2t + 9), dimensions 2 mt (row g) and 2 mt + 1 (row g + 8) of this lane's eighth. The words of two
+    // keys are interleaved first (one byte permute per word: int8 bytes, int4 16-bit halves), so that widening
+    // them gives such key pairs directly, in dimension order.
+    constexpr int kVWords = kVBytes<S, D> / 4;
+    static_assert(kVWords * (std::is_same_v<S, Int4Tag> ? 8 : 4) == D / 8, "a lane's eighth of a V row");
+    std::uint32_t vp[2][D / 8];  // [key pair][dimension of the eighth]: (key 2t(+8), key 2t + 1(+9))
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int kp = 0; kp < 2; ++kp) {
+      std::uint32_t mixed[2 * kVWords];
+#pragma unroll
+      for (int w = 0; w < kVWords; ++w) {
+        const std::uint32_t a = raw.v[2 * kp][w], b = raw.v[2 * kp + 1][w];
+        constexpr bool kInt4 = std::is_same_v<S, Int4Tag>;
+        mixed[2 * w] = __byte_perm(a, b, kInt4 ? 0x5410 : 0x5140);      // int4: values 0-3, int8: values 0-1
+        mixed[2 * w + 1] = __byte_perm(a, b, kInt4 ? 0x7632 : 0x7362);  // int4: values 4-7, int8: values 2-3
+      }
       if constexpr (kBiasedV<T, S>) {
-        int8_words_to_biased_halves(raw.v[i], vp[i]);
+        int8_words_to_biased_halves(mixed, vp[kp]);
+      } else if constexpr (std::is_same_v<S, Int4Tag>) {
+#pragma unroll
+        for (int i = 0; i < 2 * kVWords; ++i) {  // int4x8_to_pairs_k_k4's pairs (k, k + 4) are (key a, key b) here
+          std::uint32_t out[4];
+          int4x8_to_pairs_k_k4<T>(mixed[i], out);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) vp[kp][4 * i + k] = out[k];
+        }
       } else {
-        words_to_pairs<T, S>(raw.v[i], vp[i]);
+        words_to_pairs<T, S>(mixed, vp[kp]);
       }
     }
 #pragma unroll
     for (int mt = 0; mt < D / 16; ++mt) {
-      const std::uint32_t a[4] = {__byte_perm(vp[0][mt], vp[1][mt], 0x5410), __byte_perm(vp[0][mt], vp[1][mt], 0x7632),
-                                  __byte_perm(vp[2][mt], vp[3][mt], 0x5410), __byte_perm(vp[2][mt], vp[3][mt], 0x7632)};
+      const std::uint32_t a[4] = {vp[0][2 * mt], vp[0][2 * mt + 1], vp[1][2 * mt], vp[1][2 * mt + 1]};
       mma16816<T>(o[mt], a, b0, b1);
     }
   };
 
+  int read_slot = 0;
   for (int n = 0; warp + n * kWarps < chunks; ++n) {
     cp_async_wait<kSlots - 2>();  // this lane's copies of chunk n have landed
-    __syncwarp();                 // and every lane's; every lane is also done reading slot (n - 1) % kSlots
-    issue(n + kSlots - 1);
+    __syncwarp();                 // and every lane's; every lane is also done reading the slot before
+    issue();                      // chunk n + kSlots - 1, into that slot
     RawChunk<S, D> raw;
-    read_chunk<S, D>(raw, ring + (n % kSlots) * L::kBytes, g, t);
+    read_chunk<S, D>(raw, ring + read_slot * L::kBytes, g, t);
+    read_slot = read_slot + 1 == kSlots ? 0 : read_slot + 1;
     compute(raw, lo + (warp + n * kWarps) * kChunkKeys);
   }
   cp_async_wait_all();
@@ -394,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(const Ke
   const int base = g * (D / 8);
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
-    const int first = base + pair_first<S>(mt), second = base + pair_second<S>(mt);
+    const int first = base + 2 * mt, second = base + 2 * mt + 1;
     mine[(2 * t) * kStride + first] = o[mt][0];
     mine[(2 * t + 1) * kStride + first] = o[mt][1];
     mine[(2 * t) * kStride + second] = o[mt][2];

@@ -29,6 +29,7 @@ DeviceWorkspace::~DeviceWorkspace() = default;
 std::byte* DeviceWorkspace::device(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::byte* DeviceWorkspace::stage(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 void DeviceWorkspace::upload(void*, std::size_t, void*) {}
+void DeviceWorkspace::upload_kept(void*, const std::byte*, std::size_t, void*) {}
 void copy_to_host(void*, const void*, std::size_t, void*) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 
 }  // namespace attnkit::cuda

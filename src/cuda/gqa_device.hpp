@@ -90,6 +90,9 @@ class DeviceWorkspace {
   std::byte* stage(std::size_t bytes);
   // Queues a copy of stage()[0, bytes) to `device_dst` on `stream` (a one-block kernel or a copy).
   void upload(void* device_dst, std::size_t bytes, void* stream);
+  // The same for arrays that seldom change (scales, sinks): queued only when `host` differs from what the last
+  // upload_kept put at `device_dst`, or the device buffer was allocated anew since. Uses the stage.
+  void upload_kept(void* device_dst, const std::byte* host, std::size_t bytes, void* stream);
 
  private:
   struct State;

@@ -284,6 +284,11 @@ struct DeviceWorkspace::State {
   int current = 0;  // the slot stage() handed out, which upload() copies from
   std::vector<std::byte> params;  // the stage of an upload by kernel parameters
   bool by_params = false;         // what the last stage() handed out
+  std::uint64_t generation = 0;   // counts the allocations of `device`
+  // What the last upload_kept put where, and in which allocation of `device`.
+  std::vector<std::byte> kept;
+  void* kept_dst = nullptr;
+  std::uint64_t kept_generation = 0;
 };
 
 DeviceWorkspace::DeviceWorkspace() : state_(std::make_unique<State>()) {}
@@ -310,6 +315,7 @@ std::byte* DeviceWorkspace::device(std::size_t bytes) {
     }
     check(cudaMalloc(&state_->device, bytes), "cudaMalloc");
     state_->device_bytes = bytes;
+    ++state_->generation;
   }
   return static_cast<std::byte*>(state_->device);
 }
@@ -353,6 +359,23 @@ void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) 
   check(cudaEventRecord(slot.uploaded, st), "cudaEventRecord");
   slot.pending = true;
   state_->current = (state_->current + 1) % State::kStageSlots;
+}
+
+void DeviceWorkspace::upload_kept(void* device_dst, const std::byte* host, std::size_t bytes, void* stream) {
+  State& s = *state_;
+  if (bytes == 0) {  // this call's own arrays may overwrite what an earlier call kept
+    s.kept_dst = nullptr;
+    return;
+  }
+  if (s.kept_dst == device_dst && s.kept_generation == s.generation && s.kept.size() == bytes &&
+      std::memcmp(s.kept.data(), host, bytes) == 0) {
+    return;
+  }
+  std::memcpy(stage(bytes), host, bytes);
+  upload(device_dst, bytes, stream);
+  s.kept.assign(host, host + bytes);
+  s.kept_dst = device_dst;
+  s.kept_generation = s.generation;
 }
 
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, void* stream) {

@@ -113,6 +113,7 @@ struct GroupQueryAttention::Impl {
   // The CUDA backend's state: device scratch, the pinned stage, host copies of small device inputs.
   std::unique_ptr<cuda::DeviceWorkspace> device;
   std::vector<std::vector<std::byte>> host_copies;
+  std::vector<std::byte> kept_stage;  // the small arrays kept from call to call, as this call has them
 
   void run(const GqaInputs& in, const GqaOutputs& out);
   void run_cuda(const GqaInputs& in, const GqaOutputs& out);
@@ -415,12 +416,17 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
                                      B * sizeof(cuda::DeviceBatchRows), static_cast<std::size_t>(g.heads) * sizeof(float),
                                      k_scales * sizeof(float), v_scales * sizeof(float),
                                      positions * sizeof(std::int64_t), qk ? B * sizeof(std::int32_t) : 0};
+  // The per-call arrays first, then those a model keeps from call to call (sinks, K / V scales), which go up only
+  // when their bytes change (DeviceWorkspace::upload_kept): a decode step then uploads a few hundred bytes.
   constexpr int kSmallArrays = 8;
+  constexpr int kOrder[kSmallArrays] = {0, 1, 2, 6, 7, 3, 4, 5};
+  constexpr int kFirstKept = 5;
   std::size_t small_at[kSmallArrays];
-  std::size_t small_bytes = 0;
-  for (int i = 0; i < kSmallArrays; ++i) {
-    small_at[i] = small_bytes;
-    small_bytes += align(small_sizes[i]);
+  std::size_t small_bytes = 0, call_bytes = 0;
+  for (int n = 0; n < kSmallArrays; ++n) {
+    if (n == kFirstKept) call_bytes = small_bytes;
+    small_at[kOrder[n]] = small_bytes;
+    small_bytes += align(small_sizes[kOrder[n]]);
   }
   const std::size_t q_bytes = prepare_q ? static_cast<std::size_t>(q_elements) * es : 0;
   if (!device) device = std::make_unique<cuda::DeviceWorkspace>();
@@ -434,9 +440,13 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   calls = core_calls(g, prepare_q ? q_prepared : g.query, q_elements, prepare_q);
   for (CoreCall& c : calls) core::check_args(c.problem, c.args, 0);
 
-  std::byte* stage = device->stage(small_bytes);
+  std::byte* stage = device->stage(call_bytes);
   auto put = [&](int i, const void* src) {
     if (small_sizes[i] > 0) std::memcpy(stage + small_at[i], src, small_sizes[i]);
+  };
+  kept_stage.assign(small_bytes - call_bytes, std::byte{0});
+  auto keep = [&](int i, const void* src) {
+    if (small_sizes[i] > 0) std::memcpy(kept_stage.data() + (small_at[i] - call_bytes), src, small_sizes[i]);
   };
   put(0, key_rows.data());
   put(1, offsets.data());
@@ -446,12 +456,13 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     batch_rows[static_cast<std::size_t>(b)] = {r.past_rows, r.drop, r.write_row, r.past};
   }
   put(2, batch_rows.data());
-  if (!sinks.empty()) put(3, sinks.data());
-  if (k_scales > 0) put(4, g.present_key.scales);
-  if (v_scales > 0) put(5, g.present_value.scales);
   if (positions > 0) put(6, g.position_ids);
   if (qk) put(7, first.data());
-  device->upload(small, small_bytes, config.stream);
+  device->upload(small, call_bytes, config.stream);
+  if (!sinks.empty()) keep(3, sinks.data());
+  if (k_scales > 0) keep(4, g.present_key.scales);
+  if (v_scales > 0) keep(5, g.present_value.scales);
+  device->upload_kept(small + call_bytes, kept_stage.data(), kept_stage.size(), config.stream);
   const auto* d_key_rows = reinterpret_cast<const std::int32_t*>(small + small_at[0]);
   const auto* d_offsets = reinterpret_cast<const std::int32_t*>(small + small_at[1]);
   const auto* d_rows = reinterpret_cast<const cuda::DeviceBatchRows*>(small + small_at[2]);

@@ -254,7 +254,7 @@ TEST(CudaGqa, SmallInputsOnTheDeviceGiveTheSameBits) {
   }
 }
 
-TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
+TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {  // and notices scales that change
   SKIP_WITHOUT_GPU();
   for (const char* quant : {"NONE", "PER_CHANNEL"}) {
     GqaOptions o;
@@ -287,7 +287,14 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {
       std::vector<std::byte> again = gpu.output;
       d.fetch();
       EXPECT_EQ(again, gpu.output);
-      // Next step: one more token each, new inputs.
+      // Next step: one more token each, new inputs. Before step 2 the scales change in place (same host buffers,
+      // new values): the op must notice that the scales it keeps on the device are stale.
+      if (step == 1 && !cpu.k_scale.empty()) {
+        for (GqaCall* c : {&cpu, &gpu}) {
+          for (float& x : c->k_scale) x *= 1.5f;
+          for (float& x : c->v_scale) x *= 0.75f;
+        }
+      }
       for (auto& l : cpu.seqlens) ++l;
       for (auto& l : gpu.seqlens) ++l;
       ++cpu.total;
