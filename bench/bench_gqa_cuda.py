@@ -13,8 +13,10 @@ A step passes seqlens_k, total_sequence_length and the quantization scales on th
 without synchronisations (the op reads device copies of those back). Every case is verified first: attnkit's output
 against the same call on attnkit's CPU backend (decode: batch entries 0 and 1, which are independent of the rest;
 prefill: the whole call); the table prints the max abs error and the scaled error. Then each variant gets warm-up
-calls and timed repetitions, each between two torch.cuda.Event records on the current stream; the median is
-reported (the GPU's time when the host keeps ahead; "wall" is the host's time per call over the same loop).
+calls, then CUDA-graph replay (triton.testing.do_bench_cudagraph, median: the GPU's time per call with the launch
+and host overhead out, as the attention benchmark and PERF.md time the peers); "wall" is the host's time per call
+over a plain loop of calls (what an eager caller sees when the host does not keep ahead). Should capture fail, the
+row falls back to the median of CUDA-event-timed calls and its notes say "events".
 
 The peers: SDPA on the same shapes, q (B, 32, S, 128) and k / v (B, 8, T, 128) (the caches themselves, BNSH) with
 enable_gqa=True; where a backend refuses that, K / V expanded to 32 heads with repeat_interleave (the table says
@@ -52,8 +54,23 @@ N, NKV, H = 32, 8, 128
 DECODE = [("decode b64 cache4k", 64, 4096), ("decode b8 cache32k", 8, 32768)]
 CACHES = ["float16", "bfloat16", "int8", "int4"]
 PREFILL = [("prefill b1 s4096", 1, 4096)]
+REP_MS = 100  # CUDA-graph replay time per measurement (main sets it)
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1e-2}  # scaled error against the CPU op (two backends' roundings)
+
+
+def time_step(fn, reps, warmup, rep_ms):
+    """(median µs of a call in CUDA-graph replay -- the GPU's time, launch and host overhead out, as the attention
+    benchmark and PERF.md time -- or, where capture fails, of CUDA-event-timed calls; wall µs per call of a plain
+    loop; "graph" or "events")."""
+    events, wall = time_cuda(fn, reps, warmup)
+    try:
+        import triton.testing as tt
+        return 1000.0 * tt.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"), wall, "graph"
+    except Exception as e:  # noqa: BLE001 -- the table says which timing a row has
+        print(f"  (CUDA-graph capture failed: {type(e).__name__}: {str(e)[:120]}; CUDA-event timing)", flush=True)
+        torch.cuda.synchronize()
+        return events, wall, "events"
 
 
 def time_cuda(fn, reps, warmup):
@@ -168,7 +185,7 @@ def peers(q, k, v, causal, reps, warmup):
     for name, backend in PEERS.items():
         fn, note = sdpa(backend, q, k, v, causal)
         res[name + "_note"] = note
-        res[name + "_us"] = time_cuda(fn, reps, warmup)[0] if fn else float("nan")
+        res[name + "_us"] = time_step(fn, reps, warmup, REP_MS)[0] if fn else float("nan")
         del fn
     return res
 
@@ -178,7 +195,8 @@ def run_attnkit(row, kw, batch, reps, warmup):
     run)."""
     try:
         row["max_abs_err"], row["scaled_err"] = verify(kw, batch)
-        row["attnkit_us"], row["wall_us"] = time_cuda(lambda: attnkit.group_query_attention(**kw), reps, warmup)
+        row["attnkit_us"], row["wall_us"], row["timing"] = time_step(lambda: attnkit.group_query_attention(**kw), reps,
+                                                                      warmup, REP_MS)
     except Exception as e:  # noqa: BLE001 -- reported in the table
         row["note"] = f"attnkit: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
 
@@ -280,6 +298,8 @@ def markdown(rows, header):
     for r in dec:
         d = derived(r, dec)
         notes = "; ".join(f"{p}: {r[p + '_note']}" for p in PEERS if p + "_note" in r)
+        if r.get("timing") == "events":
+            notes = "attnkit: events; " + notes
         if r.get("note"):
             notes = r["note"] + ("; " + notes if notes else "")
         out.append(f"| {r['case']} | {r['cache']} | {fmt(r.get('attnkit_us'), '.1f')} | {fmt(r.get('wall_us'), '.1f')} | "
@@ -293,6 +313,8 @@ def markdown(rows, header):
     for r in pre:
         d = derived(r)
         notes = "; ".join(f"{p}: {r[p + '_note']}" for p in PEERS if p + "_note" in r)
+        if r.get("timing") == "events":
+            notes = "attnkit: events; " + notes
         if r.get("note"):
             notes = r["note"] + ("; " + notes if notes else "")
         out.append(f"| {r['case']} | {r['cache']} | {fmt(r.get('attnkit_us'), '.1f')} | {fmt(d['tflops'], '.1f')} | "
@@ -307,7 +329,7 @@ def markdown(rows, header):
 
 CSV_COLUMNS = ["kind", "case", "cache", "B", "T", "attnkit_us", "wall_us", "bytes", "tb_s", "tokens_s", "vs_f16_cache",
                "flops", "tflops", "max_abs_err", "scaled_err", "status", "cudnn_us", "vs_cudnn", "cudnn_note",
-               "flash_us", "vs_flash", "flash_note", "note"]
+               "flash_us", "vs_flash", "flash_note", "timing", "note"]
 
 
 def git_commit():
@@ -332,13 +354,16 @@ def main():
         sys.exit("bench_gqa_cuda: needs a CUDA device and attnkit's CUDA backend "
                  f"(attnkit.available_backends() = {attnkit.available_backends()})")
     reps, warmup = (20, 3) if args.quick else (100, 10)
+    global REP_MS
+    REP_MS = 25 if args.quick else 100
     now = datetime.datetime.now(datetime.timezone.utc)
     device = torch.cuda.get_device_name()
     header = (f"# GroupQueryAttention on CUDA: attnkit vs PyTorch SDPA\n\n{now:%Y-%m-%d %H:%M} UTC | {device} | torch "
               f"{torch.__version__} | cuDNN {torch.backends.cudnn.version()} | attnkit {attnkit.__version__} | commit "
               f"{git_commit()} | Llama-3-8B heads {N}/{NKV}, head size {H}, rotary "
-              f"{'off' if args.no_rotary else 'on'} | timing: median of {reps} CUDA-event-timed calls after {warmup} "
-              f"warm-ups | command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+              f"{'off' if args.no_rotary else 'on'} | timing: CUDA-graph replay median (triton do_bench_cudagraph, rep "
+              f"{REP_MS} ms; a row marked 'events': median of {reps} CUDA-event-timed calls after {warmup} warm-ups); "
+              f"wall: host time per call of a plain loop of {reps} | command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
     print(header, flush=True)
     rows = decode_rows(args, reps, warmup) + prefill_rows(args, reps, warmup)
 
