@@ -116,12 +116,15 @@ bool available() {
 
 bool is_device_pointer(const void* p) {
   if (p == nullptr || !available()) return false;
+  // The query touches no stream, but a capture in global mode (PyTorch's default) counts it as potentially
+  // unsafe and fails the whole capture: this thread asks in relaxed mode, then puts its mode back.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "invalid value" of a plain host pointer on old runtimes
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  const bool known = cudaPointerGetAttributes(&attr, p) == cudaSuccess;
+  if (!known) cudaGetLastError();  // clear the sticky "invalid value" of a plain host pointer on old runtimes
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return known && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
 }
 
 namespace {

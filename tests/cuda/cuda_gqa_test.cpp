@@ -304,6 +304,43 @@ TEST(CudaGqa, DecodeLoopMatchesTheCpuLoopAndRepeatsBitForBit) {  // and notices 
   }
 }
 
+// A decode step captured into a CUDA graph on the caller's stream in global mode (PyTorch's default: any
+// potentially unsafe CUDA call on this thread fails the capture) replays to the eager step's bits.
+TEST(CudaGqa, DecodeStepCapturesIntoACudaGraph) {
+  SKIP_WITHOUT_GPU();
+  GqaOptions o;
+  o.dtype = DType::f16;
+  o.batch = 2, o.seq = 1, o.heads = 8, o.kv_heads = 2, o.head_size = 128;
+  o.lengths = {300, 41};
+  o.shared = true;
+  o.rotary = true;
+  o.k_quant = o.v_quant = "PER_CHANNEL";
+  o.bits = 8;
+  o.present_rows = 320;
+  GqaCall c = make_call(o);
+  DeviceCall d(c);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GroupQueryAttention op(c.attrs, GqaConfig{Backend::Cuda, 0, stream});
+  ASSERT_NO_THROW(op.run(d.inputs(), d.outputs()));  // eager (the same step again rewrites the same cache row)
+  d.fetch();
+  const std::vector<std::byte> eager = c.output;
+  check(cudaMemset(d.on_device(c.output.data()), 0, c.output.size()));
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  EXPECT_NO_THROW(op.run(d.inputs(), d.outputs()));
+  check(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, graph, 0));
+  check(cudaGraphLaunch(exec, stream));
+  check(cudaStreamSynchronize(stream));
+  d.fetch();
+  EXPECT_EQ(eager, c.output);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // One call on the GPU and the same call on the CPU op (fresh inputs of `o`): the outputs within twice the
 // dtype's tolerance, the caches equal (the pre-pass computes what the CPU units compute), and, on compute
 // capability 9.0 with the default plan, `plan_has` in the op's description.
