@@ -55,6 +55,11 @@ bool device_is_sm90() {
          device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
 KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, float* partial) {
   KernelParams k{};
   k.q = a.q.data;
@@ -93,6 +98,7 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.splits = plan.splits;
   k.split_keys = plan.split_keys;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
   k.has_mask = p.has_mask;
   k.has_key_lengths = p.has_key_lengths;
@@ -153,11 +159,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
-//   still holds).
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+//   still holds);
+//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord).
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
