@@ -99,6 +99,19 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.split_keys = plan.split_keys;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
   k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
+  if (k.heavy_first) {
+    // Pairs whose K and V fill at most half of L2 (the other half: Q, O, other streams). ATTNKIT_CUDA_HEAVY_GROUP=n
+    // sets the group (an A/B switch).
+    const auto stored_bytes = [&](const KvStorage& s, std::int64_t dim) {
+      return s.type == KvType::Int4 ? (dim + 1) / 2 : s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
+    };
+    const std::int64_t pair_bytes =
+        std::max<std::int64_t>(p.k_len * (stored_bytes(p.k_storage, p.head_dim) + stored_bytes(p.v_storage, p.v_head_dim)), 1);
+    const std::string forced = env_value("ATTNKIT_CUDA_HEAVY_GROUP");
+    const std::int64_t group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 2 / pair_bytes
+                                              : std::atoll(forced.c_str());
+    k.heavy_group = std::clamp<std::int64_t>(group, 1, p.batch * p.kv_heads);
+  }
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
   k.has_mask = p.has_mask;
   k.has_key_lengths = p.has_key_lengths;
@@ -160,7 +173,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds);
-//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord).
+//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
+//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order.
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).

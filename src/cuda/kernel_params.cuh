@@ -45,6 +45,7 @@ struct KernelParams {
   std::int64_t group, group_rows, row_blocks, splits, split_keys;
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
   bool heavy_first;          // a causal rule: row blocks in descending order of their keys (block_coord)
+  std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
   // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
   KvType k_type, v_type;
   KvQuant k_quant, v_quant;
@@ -187,19 +188,24 @@ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh,
 
 // Blocks run about in index order, a new one wherever one ends. Row blocks of one (batch, K/V head) do equal work
 // unless the rule is causal: then the last row block sees all keys and the first a few, and with the row block
-// varying fastest the GPU would end on a wave of the longest blocks (a 4k causal prompt: 13% of the kernel idle
-// in a list-scheduling model). Heavy-first puts the row block slowest, in descending order: the longest blocks
-// start first and the short ones fill the gaps at the end. Blocks in flight at once still share K/V heads (the
-// same row block of every head), a few MB of keys for L2. Either way the split varies fastest.
+// varying fastest the GPU ends on whichever long blocks started last. Heavy-first orders (batch, K/V head) pairs
+// in groups of heavy_group, and within a group the row block slowest, in descending order: the longest blocks
+// start first and the short ones fill the gaps at the end. The group bounds the K/V that blocks in flight read
+// at once to what L2 holds (all pairs at once: a 4k causal prompt of 64 heads ran 7% slower than in index order;
+// in groups of a few: the H200 measurements in docs/benchmarks.md). Either way the split varies fastest.
 __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
   c.split = block % p.splits;
   block /= p.splits;
   if (p.heavy_first) {
-    c.kvh = block % p.kv_heads;
-    block /= p.kv_heads;
-    c.b = block % p.batch;
-    c.row_block = p.row_blocks - 1 - block / p.batch;
+    const std::int64_t group_blocks = p.heavy_group * p.row_blocks;
+    const std::int64_t first_pair = block / group_blocks * p.heavy_group;
+    const std::int64_t in_group = block % group_blocks;
+    const std::int64_t pairs = min64(p.heavy_group, p.batch * p.kv_heads - first_pair);
+    const std::int64_t pair = first_pair + in_group % pairs;
+    c.row_block = p.row_blocks - 1 - in_group / pairs;
+    c.kvh = pair % p.kv_heads;
+    c.b = pair / p.kv_heads;
   } else {
     c.row_block = block % p.row_blocks;
     block /= p.row_blocks;
