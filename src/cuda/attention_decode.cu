@@ -2,7 +2,7 @@
 // K/V stored as the query's type or quantized (int8 / int4, dequantized in registers). Here the work is reading
 // the cache, so the kernel is built around streaming K and V once, with enough bytes in flight:
 //
-//   * A block owns kRows = 4 rows ((head, query) pairs of one K/V head: the query heads of a group share every
+//   * A block owns kRows = 4 rows ((query, head) pairs of one K/V head: the query heads of a group share every
 //     K/V load) and one key range of at most kDecodeMaxKeys keys (the split-K plan makes the ranges).
 //   * K, then V, stream through shared memory in 16 KB tiles, kStages deep (cp.async: the copies of the next
 //     tiles are in flight while this one is computed; the first V tiles are issued before the softmax pass).

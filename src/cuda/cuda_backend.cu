@@ -100,15 +100,18 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
   k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
   if (k.heavy_first) {
-    // Pairs whose K and V fill at most half of L2 (the other half: Q, O, other streams). ATTNKIT_CUDA_HEAVY_GROUP=n
-    // sets the group (an A/B switch).
-    const auto stored_bytes = [&](const KvStorage& s, std::int64_t dim) {
-      return s.type == KvType::Int4 ? (dim + 1) / 2 : s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
+    // Pairs whose K and V fill at most a sixth of L2: blocks in flight of one pair are at different keys, and Q
+    // and O stream through too. On the H200 (50 MiB of L2, 2 MiB pairs of a 4k prompt) that is 4 pairs; a group
+    // of 4 ran the 64-head 4k causal case in 682 us, of 12 (a half of L2) in 703, of all 64 in 756, index order
+    // 706 (bench/results/2026-11-30-h200-heavy-first-ab.md). ATTNKIT_CUDA_HEAVY_GROUP=n sets the group.
+    const auto row_bytes = [&](const KvStorage& s, std::int64_t dim) -> std::int64_t {
+      if (s.type == KvType::Int4) return (dim + 1) / 2;
+      return s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
     };
-    const std::int64_t pair_bytes =
-        std::max<std::int64_t>(p.k_len * (stored_bytes(p.k_storage, p.head_dim) + stored_bytes(p.v_storage, p.v_head_dim)), 1);
+    const std::int64_t pair_bytes = std::max<std::int64_t>(
+        p.k_len * (row_bytes(p.k_storage, p.head_dim) + row_bytes(p.v_storage, p.v_head_dim)), 1);
     const std::string forced = env_value("ATTNKIT_CUDA_HEAVY_GROUP");
-    const std::int64_t group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 2 / pair_bytes
+    const std::int64_t group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes
                                               : std::atoll(forced.c_str());
     k.heavy_group = std::clamp<std::int64_t>(group, 1, p.batch * p.kv_heads);
   }

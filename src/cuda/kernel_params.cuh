@@ -191,8 +191,8 @@ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh,
 // varying fastest the GPU ends on whichever long blocks started last. Heavy-first orders (batch, K/V head) pairs
 // in groups of heavy_group, and within a group the row block slowest, in descending order: the longest blocks
 // start first and the short ones fill the gaps at the end. The group bounds the K/V that blocks in flight read
-// at once to what L2 holds (all pairs at once: a 4k causal prompt of 64 heads ran 7% slower than in index order;
-// in groups of a few: the H200 measurements in docs/benchmarks.md). Either way the split varies fastest.
+// at once to part of L2 (all 64 pairs of a 4k causal prompt at once ran 7% slower than index order, groups of 4
+// 3% faster: cuda_backend.cu sets the group). Either way the split varies fastest.
 __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
   c.split = block % p.splits;
