@@ -2,7 +2,7 @@
 // K/V stored as the query's type or quantized (int8 / int4, dequantized in registers). Here the work is reading
 // the cache, so the kernel is built around streaming K and V once, with enough bytes in flight:
 //
-//   * A block owns kRows = 4 rows ((head, query) pairs of one K/V head: the query heads of a group share every
+//   * A block owns kRows = 4 rows ((query, head) pairs of one K/V head: the query heads of a group share every
 //     K/V load) and one key range of at most kDecodeMaxKeys keys (the split-K plan makes the ranges).
 //   * K, then V, stream through shared memory in 16 KB tiles, kStages deep (cp.async: the copies of the next
 //     tiles are in flight while this one is computed; the first V tiles are issued before the softmax pass).
@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_kernel(const Kernel
   if (tid < kRows) {
     int head = 0, query = 0, begin = 0, end = 0;
     if (tid < rows) {
-      const std::int64_t pair = first_row + tid;
-      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
-      query = static_cast<int>(pair % p.q_len);
+      const RowOf row = row_of(p, c.kvh, first_row + tid);
+      head = row.head;
+      query = row.query;
       const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));

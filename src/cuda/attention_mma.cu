@@ -1,7 +1,7 @@
 // The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async),
 // head dims 32, 64, 128 and 256 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
 //
-// A block owns 64 rows ((head, query) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in
+// A block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in
 // tiles of 64 keys. K and V tiles are double-buffered in shared memory (cp.async, XOR-swizzled 16-byte chunks
 // so ldmatrix reads are conflict-free); Q stays in shared memory and is re-read by ldmatrix. S = Q Kᵀ lives in
 // registers (16 x 64 per warp), the online softmax runs on those registers (a row is spread over the 4 lanes

@@ -1,7 +1,7 @@
 // The CUDA-core (FFMA) attention kernel: every dtype, every head dim 1..256, any strides. It is the float32
 // kernel and the fallback for half/bfloat16 shapes the tensor-core kernel does not take.
 //
-// A block owns kRows = 64 rows (the (head, query) pairs of one K/V head) and walks its key range in tiles of
+// A block owns kRows = 64 rows (the (query, head) pairs of one K/V head) and walks its key range in tiles of
 // kKeys = 32. 128 threads form a 16 x 8 grid: thread (ty, tx) owns rows 4ty..4ty+3 and, for the scores,
 // keys 4tx..4tx+3 of the tile (16 scores in registers, two 16-byte shared loads per 16 FMAs); for P·V the same
 // rows and 8 output columns per 64-column chunk. The 8 threads of a row are consecutive lanes: row max and row
@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
   if (tid < kRows) {
     int head = 0, query = 0, begin = 0, end = 0;
     if (tid < rows) {
-      const std::int64_t pair = first_row + tid;
-      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
-      query = static_cast<int>(pair % p.q_len);
+      const RowOf row = row_of(p, c.kvh, first_row + tid);
+      head = row.head;
+      query = row.query;
       const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));

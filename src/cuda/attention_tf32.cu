@@ -6,7 +6,7 @@
 // dropped lo_a lo_b is about 2^-22 of the product), accumulated in float32 by the tensor cores, smallest terms
 // first. Both matrix products are split this way: S = Q Kᵀ and O += P V (P in float32, never rounded).
 //
-// Layout as the mma.sync kernel: a block owns 64 rows ((head, query) pairs of one K/V head) as 4 warps of 16,
+// Layout as the mma.sync kernel: a block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16,
 // and walks its key range in tiles of 32 keys, double-buffered by cp.async. Shared rows are padded to D + 4
 // floats, so the fragment loads (8 rows x 4 columns, or 4 keys x 8 columns) fall in 32 different banks. The
 // scores and the online softmax are fragment_softmax.cuh's (the m16n8k8 accumulator has the m16n8k16 layout);

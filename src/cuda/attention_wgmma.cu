@@ -1,7 +1,7 @@
 // The Hopper tensor-core attention kernel (sm_90a: wgmma, TMA) for float16 / bfloat16, head dims 64, 128, 256, K
 // and V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
 //
-// A block owns 128 rows ((head, query) pairs of one K/V head): two consumer warpgroups of 64 rows and one
+// A block owns 128 rows ((query, head) pairs of one K/V head): two consumer warpgroups of 64 rows and one
 // producer warpgroup (one thread issues the copies; its registers go to the consumers). The producer streams the block's key range in tiles of 128 keys through two K and two V
 // slots with TMA (each slot has a "full" barrier the TMA completes and an "empty" one the consumers' warps
 // arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks

@@ -55,6 +55,11 @@ bool device_is_sm90() {
          device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
 KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, float* partial) {
   KernelParams k{};
   k.q = a.q.data;
@@ -93,6 +98,23 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.splits = plan.splits;
   k.split_keys = plan.split_keys;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
+  if (k.heavy_first) {
+    // Pairs whose K and V fill at most a sixth of L2: blocks in flight of one pair are at different keys, and Q
+    // and O stream through too. On the H200 (50 MiB of L2, 2 MiB pairs of a 4k prompt) that is 4 pairs; a group
+    // of 4 ran the 64-head 4k causal case in 682 us, of 12 (a half of L2) in 703, of all 64 in 756, index order
+    // 706 (bench/results/2026-11-30-h200-heavy-first-ab.md). ATTNKIT_CUDA_HEAVY_GROUP=n sets the group.
+    const auto row_bytes = [&](const KvStorage& s, std::int64_t dim) -> std::int64_t {
+      if (s.type == KvType::Int4) return (dim + 1) / 2;
+      return s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
+    };
+    const std::int64_t pair_bytes = std::max<std::int64_t>(
+        p.k_len * (row_bytes(p.k_storage, p.head_dim) + row_bytes(p.v_storage, p.v_head_dim)), 1);
+    const std::string forced = env_value("ATTNKIT_CUDA_HEAVY_GROUP");
+    const std::int64_t group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes
+                                              : std::atoll(forced.c_str());
+    k.heavy_group = std::clamp<std::int64_t>(group, 1, p.batch * p.kv_heads);
+  }
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
   k.has_mask = p.has_mask;
   k.has_key_lengths = p.has_key_lengths;
@@ -153,11 +175,9 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
-//   still holds).
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+//   still holds);
+//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
+//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order.
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).

@@ -97,9 +97,9 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
   if (tid < kRows) {
     int head = 0, query = 0, begin = 0, end = 0;
     if (tid < rows) {
-      const std::int64_t pair = first_row + tid;
-      head = static_cast<int>(c.kvh * p.group + pair / p.q_len);
-      query = static_cast<int>(pair % p.q_len);
+      const RowOf row = row_of(p, c.kvh, first_row + tid);
+      head = row.head;
+      query = row.query;
       const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));

@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
     }
   }
   poison = __any_sync(0xffffffffu, poison);
-  const std::int64_t pair = first_row + r;
-  const std::int64_t h = c.kvh * p.group + pair / p.q_len;
-  const std::int64_t i = pair % p.q_len;
+  const RowOf row = row_of(p, c.kvh, first_row + r);
+  const std::int64_t h = row.head;
+  const std::int64_t i = row.query;
   const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
   T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
 #pragma unroll
