@@ -101,9 +101,9 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
   if (k.heavy_first) {
     // Pairs whose K and V fill at most a sixth of L2: blocks in flight of one pair are at different keys, and Q
-    // and O stream through too. On the H200 (50 MiB of L2, 2 MiB pairs of a 4k prompt) that is 4 pairs; a group
-    // of 4 ran the 64-head 4k causal case in 682 us, of 12 (a half of L2) in 703, of all 64 in 756, index order
-    // 706 (bench/results/2026-11-30-h200-heavy-first-ab.md). ATTNKIT_CUDA_HEAVY_GROUP=n sets the group.
+    // and O stream through too. On the H200 (60 MiB of L2, 2 MiB pairs of a 4k prompt) that is 5 pairs: the
+    // 64-head 4k causal case ran in 688 us (groups of 4: 682, of 15 (a half of L2): 703, of all 64: 756, index
+    // order: 706; bench/results/2026-11-30-h200-heavy-first-ab.md). ATTNKIT_CUDA_HEAVY_GROUP=n sets the group.
     const auto row_bytes = [&](const KvStorage& s, std::int64_t dim) -> std::int64_t {
       if (s.type == KvType::Int4) return (dim + 1) / 2;
       return s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
