@@ -1,6 +1,8 @@
 // Unit tests of the numerics core every backend is built from: which keys a row sees (VisibilityRule),
 // the online-softmax pieces (usable_max, rescale_factor, merge_weights, finish_row), the score
-// transform (scale, softcap) and the work split for whole rounds (parts_for_full_rounds).
+// transform (scale, softcap), the work split for whole rounds (parts_for_full_rounds) and the division by a
+// launch-constant divisor (FastDivide).
+#include <core/fast_divide.hpp>
 #include <core/online_softmax.hpp>
 #include <core/score_transform.hpp>
 #include <core/visibility.hpp>
@@ -247,6 +249,39 @@ TEST(Core, PartsForFullRounds) {
   EXPECT_EQ(core::parts_for_full_rounds(100, 132, 1, 1), 1);
   EXPECT_EQ(core::parts_for_full_rounds(70, 132, 1, 3), 3);  // 70 (53%), 140 (53%), 210 (80%)
   EXPECT_EQ(core::parts_for_full_rounds(80, 132, 1, 2), 1);  // 80 (61%), 160 (61%): equal, the fewer
+}
+
+// ---- FastDivide ----
+
+// Quotient and remainder against the division operator: every divisor up to 4096 over dividends near the
+// multiples of the divisor (where a wrong multiplier shows first) and near 2^31, random divisors up to 2^31 - 1
+// over random dividends.
+TEST(FastDivide, MatchesIntegerDivisionOverTheWholeDividendRange) {
+  const auto check = [](std::uint32_t d, std::uint32_t n) {
+    const core::FastDivide f(d);
+    const std::uint32_t q = f.quotient(n);
+    ASSERT_EQ(q, n / d) << "n = " << n << ", d = " << d;
+    ASSERT_EQ(f.remainder(n, q), n % d) << "n = " << n << ", d = " << d;
+  };
+  constexpr std::uint32_t kMaxDividend = 0x7fffffffu;
+  for (std::uint32_t d = 1; d <= 4096; ++d) {
+    for (std::uint32_t k : {0u, 1u, 2u, 3u, 1000u, kMaxDividend / d - 1, kMaxDividend / d}) {
+      for (std::int64_t delta = -2; delta <= 2; ++delta) {
+        const std::int64_t n = static_cast<std::int64_t>(k) * d + delta;
+        if (n >= 0 && n <= kMaxDividend) check(d, static_cast<std::uint32_t>(n));
+      }
+    }
+    check(d, kMaxDividend);
+  }
+  std::mt19937 rng(20261130);
+  std::uniform_int_distribution<std::uint32_t> divisor(1, kMaxDividend), dividend(0, kMaxDividend);
+  for (int i = 0; i < 200000; ++i) check(divisor(rng), dividend(rng));
+  for (std::uint32_t shift = 0; shift < 31; ++shift) {  // powers of two and their neighbours
+    for (std::uint32_t d : {1u << shift, (1u << shift) + 1, (1u << shift) - 1}) {
+      if (d == 0) continue;
+      for (int i = 0; i < 200; ++i) check(d, dividend(rng));
+    }
+  }
 }
 
 }  // namespace

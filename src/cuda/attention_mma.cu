@@ -190,8 +190,15 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     const std::int64_t k0 = max64(first_tile, lo);
     load_kv(0, k0, static_cast<int>(min64(first_tile + kTileKeys, hi) - k0));
   }
+  cp_async_commit();  // Q and tile 0
+  // Tile 1 goes in flight now too, so that its copy overlaps tile 0's rather than starting after it (a short
+  // sequence is one or two tiles: the block's time is mostly such waits).
+  if (first_tile + kTileKeys < hi) {
+    const std::int64_t k1 = first_tile + kTileKeys;
+    load_kv(1, k1, static_cast<int>(min64(k1 + kTileKeys, hi) - k1));
+  }
   cp_async_commit();
-  cp_async_wait_all();
+  cp_async_wait<1>();
   __syncthreads();
   if constexpr (kQuantized) {  // Q <- Q * K scales, in place (rounded to T, like any element of Q)
     for (int e = tid; e < kRows * D; e += kThreads) {
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
   for (std::int64_t t0 = first_tile; t0 < hi; t0 += kTileKeys) {
     const std::int64_t k0 = max64(t0, lo);
     const int n = static_cast<int>(min64(t0 + kTileKeys, hi) - k0);
-    if (t0 + kTileKeys < hi) {  // prefetch the next tile into the other buffer
+    if (t0 != first_tile && t0 + kTileKeys < hi) {  // prefetch the next tile (tile 1 is in flight already)
       const std::int64_t nk0 = t0 + kTileKeys;
       load_kv(buffer ^ 1, nk0, static_cast<int>(min64(nk0 + kTileKeys, hi) - nk0));
     }

@@ -115,6 +115,25 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
                                               : std::atoll(forced.c_str());
     k.heavy_group = std::clamp<std::int64_t>(group, 1, p.batch * p.kv_heads);
   }
+  constexpr std::int64_t kFast = std::int64_t{1} << 31;
+  const std::int64_t pairs = p.batch * p.kv_heads;
+  const std::int64_t blocks =
+      std::max<std::int64_t>(pairs * plan.row_blocks, 1) * std::max<std::int64_t>(plan.splits, 1);
+  k.fast_coords = blocks < kFast && plan.group_rows < kFast && plan.group < kFast;
+  if (k.fast_coords) {
+    const auto divide_by = [](std::int64_t d) {
+      return core::FastDivide(static_cast<std::uint32_t>(std::max<std::int64_t>(d, 1)));
+    };
+    k.div.splits = divide_by(plan.splits);
+    k.div.row_blocks = divide_by(plan.row_blocks);
+    k.div.kv_heads = divide_by(p.kv_heads);
+    k.div.group = divide_by(plan.group);
+    if (k.heavy_first) {
+      k.div.heavy_blocks = divide_by(k.heavy_group * plan.row_blocks);
+      k.div.heavy_pairs = divide_by(k.heavy_group);
+      k.div.last_pairs = divide_by(pairs % k.heavy_group == 0 ? k.heavy_group : pairs % k.heavy_group);
+    }
+  }
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
   k.has_mask = p.has_mask;
   k.has_key_lengths = p.has_key_lengths;

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace attnkit::cuda {
 
@@ -65,14 +66,15 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const std
 }
 
 // A block's rows in shared memory: (head, query) of each row and the key range [begin, end) it sees.
-inline constexpr int kBlockKeyInts = 4;
+inline constexpr int kMaxTableRows = 128;  // rows of a block (setup_rows)
+inline constexpr int kBlockKeyInts = 4 * (kMaxTableRows / 32);
 struct RowTables {
   int* head;
   int* query;
   int* begin;
   int* end;
-  int* lo_hi;  // kBlockKeyInts ints: the union of the rows' visible ranges within the block's key range, then
-               // the intersection of all rows' ranges (BlockKeys)
+  int* lo_hi;  // kBlockKeyInts ints: per warp of rows, the union of its rows' visible ranges within the block's
+               // key range, then the intersection of their ranges (folded into BlockKeys by setup_rows)
 };
 
 // Where a block's keys go: [lo, hi) is every key some row sees, [all_begin, all_end) the keys all rows see
@@ -82,18 +84,17 @@ struct BlockKeys {
 };
 
 // Fills the row tables (threads < kRows) for the rows [first_row, first_row + rows) of the block. Call with the
-// whole block; it synchronises.
+// whole block; it synchronises once. Each warp of rows folds its ranges with warp reductions and leaves them in
+// lo_hi; every thread folds the warps' after the barrier (all of a block's threads once hit 4 shared-memory
+// atomics on the same 4 words, one after the other, behind a second barrier).
 template <int kRows>
 __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const BlockCoord& c, std::int64_t first_row,
                                                 int rows, std::int64_t key_length, const RowTables& t) {
+  static_assert(kRows <= kMaxTableRows, "lo_hi holds 4 ints per warp of rows");
+  constexpr int kRowWarps = (kRows + 31) / 32;
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    t.lo_hi[0] = static_cast<int>(c.key_end);
-    t.lo_hi[1] = static_cast<int>(c.key_begin);
-    t.lo_hi[2] = 0;
-    t.lo_hi[3] = 0x7fffffff;
-  }
-  __syncthreads();
+  // Neutral values: no visible key, and a rowless thread bounds nothing.
+  int lo = static_cast<int>(c.key_end), hi = static_cast<int>(c.key_begin), all_begin = 0, all_end = 0x7fffffff;
   if (tid < kRows) {
     int head = 0, query = 0, begin = 0, end = 0;
     if (tid < rows) {
@@ -103,22 +104,39 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
       const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
-      if (begin < end) {
-        atomicMin(&t.lo_hi[0], begin);  // a min/max of integers: the order cannot change the result
-        atomicMax(&t.lo_hi[1], end);
-      }
-      // Every row, empty or not, bounds the keys all rows see (a loop over the rows per thread cost each
-      // block of a short sequence about 0.5 us).
-      atomicMax(&t.lo_hi[2], begin);
-      atomicMin(&t.lo_hi[3], end);
+      if (begin < end) lo = begin, hi = end;
+      // Every row, empty or not, bounds the keys all rows see.
+      all_begin = begin;
+      all_end = end;
     }
     t.head[tid] = head;
     t.query[tid] = query;
     t.begin[tid] = begin;
     t.end[tid] = end;
   }
+  const int warp = tid / 32;
+  if (warp < kRowWarps) {  // whole warps (a min / max of integers: the order cannot change the result)
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    all_begin = __reduce_max_sync(0xffffffffu, all_begin);
+    all_end = __reduce_min_sync(0xffffffffu, all_end);
+    if (tid % 32 == 0) {
+      t.lo_hi[4 * warp] = lo;
+      t.lo_hi[4 * warp + 1] = hi;
+      t.lo_hi[4 * warp + 2] = all_begin;
+      t.lo_hi[4 * warp + 3] = all_end;
+    }
+  }
   __syncthreads();
-  return BlockKeys{t.lo_hi[0], t.lo_hi[1], t.lo_hi[2], t.lo_hi[3]};
+  BlockKeys keys{t.lo_hi[0], t.lo_hi[1], t.lo_hi[2], t.lo_hi[3]};
+#pragma unroll
+  for (int w = 1; w < kRowWarps; ++w) {
+    keys.lo = min(keys.lo, t.lo_hi[4 * w]);
+    keys.hi = max(keys.hi, t.lo_hi[4 * w + 1]);
+    keys.all_begin = max(keys.all_begin, t.lo_hi[4 * w + 2]);
+    keys.all_end = min(keys.all_end, t.lo_hi[4 * w + 3]);
+  }
+  return keys;
 }
 
 // Scores of a tile of kCols keys starting at key k0 (n of them real): scale (or softcap), then, unless the
@@ -262,6 +280,19 @@ __device__ __forceinline__ void add_tile_sums(float (&tile_sum)[2], float (&row_
   }
 }
 
+// Two elements at an address aligned to both: one store.
+template <class T>
+__device__ __forceinline__ void store_pair(T* at, T first, T second) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float2*>(at) = make_float2(first, second);
+  } else {
+    std::uint16_t a, b;
+    memcpy(&a, &first, 2);
+    memcpy(&b, &second, 2);
+    *reinterpret_cast<std::uint32_t*>(at) = static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b) << 16;
+  }
+}
+
 // Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
 // rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
 template <class T, int D, int kRows, class VScale>
@@ -293,11 +324,20 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, p.has_sink,
                                                  p.has_sink ? p.sinks[t.head[r]] : 0.0f, p.masked_rows);
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, t.head[r], t.query[r]);
+    // A thread's two columns side by side: one store of both where the row allows (any layout may start a row
+    // on an odd element), half the store instructions of the block's epilogue.
+    const bool paired = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
-      out[col] = from_float<T>(finished_value(fin, o[j][half * 2] * v_scale(col)));
-      out[col + 1] = from_float<T>(finished_value(fin, o[j][half * 2 + 1] * v_scale(col + 1)));
+      const T first = from_float<T>(finished_value(fin, o[j][half * 2] * v_scale(col)));
+      const T second = from_float<T>(finished_value(fin, o[j][half * 2 + 1] * v_scale(col + 1)));
+      if (paired) {
+        store_pair(out + col, first, second);
+      } else {
+        out[col] = first;
+        out[col + 1] = second;
+      }
     }
     if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, t.head[r], t.query[r])] = fin.lse;
   }

@@ -2,6 +2,7 @@
 // loads and stores per dtype, and where a block's rows (head, query) and keys come from.
 #pragma once
 
+#include "../core/fast_divide.hpp"
 #include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
@@ -46,6 +47,12 @@ struct KernelParams {
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
   bool heavy_first;          // a causal rule: row blocks in descending order of their keys (block_coord)
   std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
+  // Blocks and rows below 2^31 (any launch that fits in memory): block_coord and row_of divide by these instead
+  // of 64-bit divisions, which were a large share of a short sequence's block prologue.
+  bool fast_coords;
+  struct Divisors {
+    core::FastDivide splits, row_blocks, kv_heads, group, heavy_blocks, heavy_pairs, last_pairs;
+  } div;
   // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
   KvType k_type, v_type;
   KvQuant k_quant, v_quant;
@@ -183,6 +190,11 @@ struct RowOf {
   int head, query;
 };
 __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh, std::int64_t pair) {
+  if (p.fast_coords) {
+    const auto n = static_cast<std::uint32_t>(pair);
+    const std::uint32_t query = p.div.group.quotient(n);
+    return {static_cast<int>(kvh * p.group + p.div.group.remainder(n, query)), static_cast<int>(query)};
+  }
   return {static_cast<int>(kvh * p.group + pair % p.group), static_cast<int>(pair / p.group)};
 }
 
@@ -195,22 +207,46 @@ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh,
 // 3% faster: cuda_backend.cu sets the group). Either way the split varies fastest.
 __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
-  c.split = block % p.splits;
-  block /= p.splits;
-  if (p.heavy_first) {
-    const std::int64_t group_blocks = p.heavy_group * p.row_blocks;
-    const std::int64_t first_pair = block / group_blocks * p.heavy_group;
-    const std::int64_t in_group = block % group_blocks;
-    const std::int64_t pairs = min64(p.heavy_group, p.batch * p.kv_heads - first_pair);
-    const std::int64_t pair = first_pair + in_group % pairs;
-    c.row_block = p.row_blocks - 1 - in_group / pairs;
-    c.kvh = pair % p.kv_heads;
-    c.b = pair / p.kv_heads;
+  if (p.fast_coords) {
+    const auto index = static_cast<std::uint32_t>(block);
+    const std::uint32_t n = p.div.splits.quotient(index);
+    c.split = p.div.splits.remainder(index, n);
+    std::uint32_t pair;
+    if (p.heavy_first) {
+      const std::uint32_t group = p.div.heavy_blocks.quotient(n);
+      const std::uint32_t in_group = p.div.heavy_blocks.remainder(n, group);
+      const std::uint32_t first_pair = group * p.div.heavy_pairs.divisor;
+      // The last group may hold fewer pairs.
+      const core::FastDivide& pairs =
+          first_pair + p.div.heavy_pairs.divisor <= p.batch * p.kv_heads ? p.div.heavy_pairs : p.div.last_pairs;
+      const std::uint32_t from_last = pairs.quotient(in_group);
+      pair = first_pair + pairs.remainder(in_group, from_last);
+      c.row_block = p.row_blocks - 1 - from_last;
+    } else {
+      pair = p.div.row_blocks.quotient(n);
+      c.row_block = p.div.row_blocks.remainder(n, pair);
+    }
+    const std::uint32_t b = p.div.kv_heads.quotient(pair);
+    c.kvh = p.div.kv_heads.remainder(pair, b);
+    c.b = b;
   } else {
-    c.row_block = block % p.row_blocks;
-    block /= p.row_blocks;
-    c.kvh = block % p.kv_heads;
-    c.b = block / p.kv_heads;
+    c.split = block % p.splits;
+    block /= p.splits;
+    if (p.heavy_first) {
+      const std::int64_t group_blocks = p.heavy_group * p.row_blocks;
+      const std::int64_t first_pair = block / group_blocks * p.heavy_group;
+      const std::int64_t in_group = block % group_blocks;
+      const std::int64_t pairs = min64(p.heavy_group, p.batch * p.kv_heads - first_pair);
+      const std::int64_t pair = first_pair + in_group % pairs;
+      c.row_block = p.row_blocks - 1 - in_group / pairs;
+      c.kvh = pair % p.kv_heads;
+      c.b = pair / p.kv_heads;
+    } else {
+      c.row_block = block % p.row_blocks;
+      block /= p.row_blocks;
+      c.kvh = block % p.kv_heads;
+      c.b = block / p.kv_heads;
+    }
   }
   c.key_begin = c.split * p.split_keys;
   c.key_end = min64(p.k_len, c.key_begin + p.split_keys);
