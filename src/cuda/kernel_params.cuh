@@ -204,7 +204,9 @@ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh,
 // in groups of heavy_group, and within a group the row block slowest, in descending order: the longest blocks
 // start first and the short ones fill the gaps at the end. The group bounds the K/V that blocks in flight read
 // at once to part of L2 (all 64 pairs of a 4k causal prompt at once ran 7% slower than index order, groups of 4
-// 3% faster: cuda_backend.cu sets the group). Either way the split varies fastest.
+// or 5 pairs 2-3% faster: cuda_backend.cu sets the group). Either way the split varies fastest. Below 2^31 blocks
+// (fast_coords: every launch that fits a GPU's memory but the most contrived) the divisions are FastDivide's; the
+// 64-bit path computes the same coordinates.
 __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
   if (p.fast_coords) {
