@@ -582,9 +582,14 @@ HWY_EXPORT(finish_rows);
 void run_item_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(run_item)(job); }
 void finish_rows_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(finish_rows)(job); }
 
+// Once per process: Highway 1.0's SupportedTargets() runs the CPU detection on every call, and the GQA op
+// describes each call (a tiny decode step spent ~15% of its host time there).
 std::string simd_target_name() {
-  const std::int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
-  return hwy::TargetName(usable & -usable);  // lowest bit: the best target compiled and supported
+  static const std::string name = [] {
+    const std::int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
+    return std::string(hwy::TargetName(usable & -usable));  // lowest bit: the best target compiled and supported
+  }();
+  return name;
 }
 
 }  // namespace attnkit::cpu
