@@ -98,8 +98,9 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.splits = plan.splits;
   k.split_keys = plan.split_keys;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
-  k.heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
-  if (k.heavy_first) {
+  const bool heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
+  std::int64_t heavy_group = 0;
+  if (heavy_first) {
     // Pairs whose K and V fill at most a sixth of L2: blocks in flight of one pair are at different keys, and Q
     // and O stream through too. On the H200 (60 MiB of L2, 2 MiB pairs of a 4k prompt) that is 5 pairs: the
     // 64-head 4k causal case ran in 688 us (groups of 4: 682, of 15 (a half of L2): 703, of all 64: 756, index
@@ -111,29 +112,10 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
     const std::int64_t pair_bytes = std::max<std::int64_t>(
         p.k_len * (row_bytes(p.k_storage, p.head_dim) + row_bytes(p.v_storage, p.v_head_dim)), 1);
     const std::string forced = env_value("ATTNKIT_CUDA_HEAVY_GROUP");
-    const std::int64_t group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes
-                                              : std::atoll(forced.c_str());
-    k.heavy_group = std::clamp<std::int64_t>(group, 1, p.batch * p.kv_heads);
+    heavy_group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes
+                                 : std::atoll(forced.c_str());
   }
-  constexpr std::int64_t kFast = std::int64_t{1} << 31;
-  const std::int64_t pairs = p.batch * p.kv_heads;
-  const std::int64_t blocks =
-      std::max<std::int64_t>(pairs * plan.row_blocks, 1) * std::max<std::int64_t>(plan.splits, 1);
-  k.fast_coords = blocks < kFast && plan.group_rows < kFast && plan.group < kFast;
-  if (k.fast_coords) {
-    const auto divide_by = [](std::int64_t d) {
-      return core::FastDivide(static_cast<std::uint32_t>(std::max<std::int64_t>(d, 1)));
-    };
-    k.div.splits = divide_by(plan.splits);
-    k.div.row_blocks = divide_by(plan.row_blocks);
-    k.div.kv_heads = divide_by(p.kv_heads);
-    k.div.group = divide_by(plan.group);
-    if (k.heavy_first) {
-      k.div.heavy_blocks = divide_by(k.heavy_group * plan.row_blocks);
-      k.div.heavy_pairs = divide_by(k.heavy_group);
-      k.div.last_pairs = divide_by(pairs % k.heavy_group == 0 ? k.heavy_group : pairs % k.heavy_group);
-    }
-  }
+  set_block_order(k, heavy_first, heavy_group);
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
   k.has_mask = p.has_mask;
   k.has_key_lengths = p.has_key_lengths;

@@ -189,7 +189,7 @@ struct BlockCoord {
 struct RowOf {
   int head, query;
 };
-__device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh, std::int64_t pair) {
+__host__ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh, std::int64_t pair) {
   if (p.fast_coords) {
     const auto n = static_cast<std::uint32_t>(pair);
     const std::uint32_t query = p.div.group.quotient(n);
@@ -207,7 +207,7 @@ __device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t kvh,
 // or 5 pairs 2-3% faster: cuda_backend.cu sets the group). Either way the split varies fastest. Below 2^31 blocks
 // (fast_coords: every launch that fits a GPU's memory but the most contrived) the divisions are FastDivide's; the
 // 64-bit path computes the same coordinates.
-__device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
+__host__ __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
   if (p.fast_coords) {
     const auto index = static_cast<std::uint32_t>(block);
@@ -253,6 +253,28 @@ __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p, std::in
   c.key_begin = c.split * p.split_keys;
   c.key_end = min64(p.k_len, c.key_begin + p.split_keys);
   return c;
+}
+
+// The host's half of block_coord: the order (heavy_first, in groups of heavy_group pairs) and, below 2^31 blocks
+// and rows, the divisors. Reads the shape fields of k (batch, kv_heads, group, group_rows, row_blocks, splits).
+inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heavy_group) {
+  const std::int64_t pairs = k.batch * k.kv_heads;
+  k.heavy_first = heavy_first;
+  k.heavy_group = heavy_first ? (heavy_group < 1 ? 1 : min64(heavy_group, max64(pairs, 1))) : 0;
+  constexpr std::int64_t kFast = std::int64_t{1} << 31;
+  const std::int64_t blocks = max64(pairs * k.row_blocks, 1) * max64(k.splits, 1);
+  k.fast_coords = blocks < kFast && k.group_rows < kFast && k.group < kFast;
+  if (!k.fast_coords) return;
+  const auto divide_by = [](std::int64_t d) { return core::FastDivide(static_cast<std::uint32_t>(max64(d, 1))); };
+  k.div.splits = divide_by(k.splits);
+  k.div.row_blocks = divide_by(k.row_blocks);
+  k.div.kv_heads = divide_by(k.kv_heads);
+  k.div.group = divide_by(k.group);
+  if (k.heavy_first) {
+    k.div.heavy_blocks = divide_by(k.heavy_group * k.row_blocks);
+    k.div.heavy_pairs = divide_by(k.heavy_group);
+    k.div.last_pairs = divide_by(pairs % k.heavy_group == 0 ? k.heavy_group : pairs % k.heavy_group);
+  }
 }
 
 __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std::int64_t b) {
