@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
 
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
   const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length, tables);
+  allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   const int lo = keys.lo, hi = keys.hi;
 
   // Q rows into shared memory (zeros for padded rows).

@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
   const int tx = tid % 8;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
+  allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const std::int64_t key_length = key_length_of(p, c.b);

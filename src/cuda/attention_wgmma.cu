@@ -215,6 +215,51 @@ __global__ void __launch_bounds__(kThreads, 1)
   // stream waits for both to release each slot.
   const bool solo = rows <= 64;
   const int consumer_threads = solo ? 128 : kConsumerThreads;
+  // Tile t of K and V (keys from t0) into its slots by TMA, once the consumers have freed them.
+  auto issue_kv_tile = [&](int t, int t0) {
+    const int slot = t % kSlots;
+    const unsigned parity = (t / kSlots) % 2;
+    sm90::mbarrier_wait(&k_empty[slot], parity ^ 1);
+    sm90::mbarrier_arrive_expect(&k_full[slot], kTileBytes);
+#pragma unroll
+    for (int b = 0; b < D / 64; ++b) {
+      sm90::tma_load_4d(ks + slot * kTileBytes + b * kTileKeys * 128, &maps.k, b * 64, t0, static_cast<int>(c.kvh),
+                        static_cast<int>(c.b), &k_full[slot]);
+    }
+    sm90::mbarrier_wait(&v_empty[slot], parity ^ 1);
+    sm90::mbarrier_arrive_expect(&v_full[slot], kTileBytes);
+#pragma unroll
+    for (int b = 0; b < D / 64; ++b) {
+      sm90::tma_load_4d(vs + slot * kTileBytes + b * kTileKeys * 128, &maps.v, b * 64, t0, static_cast<int>(c.kvh),
+                        static_cast<int>(c.b), &v_full[slot]);
+    }
+  };
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const T* q = static_cast<const T*>(p.q);
+  const int q_rows = solo ? 64 : kBlockRows;
+  const bool rotary = p.rotary.cos != nullptr;
+  // Q's plain chunks [first_chunk, kChunks) of every row by cp.async (zeros for padded rows), at the rows'
+  // (head, query) from the row tables or, before they exist, from row_of.
+  auto load_q = [&](int first_chunk, bool from_tables) {
+    const int per_row = kChunks - first_chunk;
+    for (int e = tid - 128; e < q_rows * per_row; e += consumer_threads) {
+      const int r = e / per_row, ch = first_chunk + e % per_row;
+      RowOf row{0, 0};
+      if (from_tables) {
+        row = RowOf{tables.head[r], tables.query[r]};
+      } else if (r < rows) {
+        row = row_of(p, c.kvh, first_row + r);
+      }
+      cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, row.head, row.query) + ch * 8, r < rows);
+    }
+    cp_async_commit();
+  };
+  // Without a sliding window every row's keys start at the block's first key (core::VisibilityRule): tile 0 of
+  // K and V and all of Q can be in flight before the row setup, whose time then covers their latency (most of
+  // a one-tile block's). Not in a launch that overlaps the previous kernel (the GQA pre-pass writes Q and K/V)
+  // nor from a quantized cache (its raw ring) nor with a rotary (Q goes through the rotation after the setup).
+  const bool early = !kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0);
+  const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
   if (tid == 0) {
@@ -233,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     sm90::fence_barrier_init();
+    if (early) issue_kv_tile(0, early_tile);
   }
+  if (early && !rotary && tid >= 128 && tid < 128 + consumer_threads) load_q(0, false);  // the consumers' rows
   const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
   // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
   // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
@@ -264,24 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                           &raw_v_full[slot]);
       }
     } else if (tid == 0) {
-      for (int t = 0; t < tiles; ++t) {
-        const int slot = t % kSlots;
-        const unsigned parity = (t / kSlots) % 2;
-        const int t0 = first_tile + t * kTileKeys;
-        sm90::mbarrier_wait(&k_empty[slot], parity ^ 1);
-        sm90::mbarrier_arrive_expect(&k_full[slot], kTileBytes);
-#pragma unroll
-        for (int b = 0; b < D / 64; ++b) {
-          sm90::tma_load_4d(ks + slot * kTileBytes + b * kTileKeys * 128, &maps.k, b * 64, t0, static_cast<int>(c.kvh),
-                            static_cast<int>(c.b), &k_full[slot]);
-        }
-        sm90::mbarrier_wait(&v_empty[slot], parity ^ 1);
-        sm90::mbarrier_arrive_expect(&v_full[slot], kTileBytes);
-#pragma unroll
-        for (int b = 0; b < D / 64; ++b) {
-          sm90::tma_load_4d(vs + slot * kTileBytes + b * kTileKeys * 128, &maps.v, b * 64, t0, static_cast<int>(c.kvh),
-                            static_cast<int>(c.b), &v_full[slot]);
-        }
+      // With the early tile in flight, a block with rows but no visible key (tiles == 0) still waits for its
+      // copies to land before it exits (the early tile is tile 0 otherwise: lo is the block's first key).
+      for (int t = early ? 1 : 0; t < tiles; ++t) issue_kv_tile(t, first_tile + t * kTileKeys);
+      if (early && tiles == 0) {
+        sm90::mbarrier_wait(&k_full[0], 0);
+        sm90::mbarrier_wait(&v_full[0], 0);
       }
     }
     return;
@@ -335,19 +370,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  const T* q = static_cast<const T*>(p.q);
-  const int q_rows = solo ? 64 : kBlockRows;
   // With a rotary (query_rotary_loads_chunks holds), the rotated chunks come through registers; the others, as
-  // without one, by cp.async (zeros for padded rows).
-  const bool rotary = p.rotary.cos != nullptr;
+  // without one, by cp.async.
   const int rotated_chunks = rotary ? static_cast<int>(p.rotary.half / 4) : 0;
-  for (int e = tid - 128; e < q_rows * (kChunks - rotated_chunks); e += consumer_threads) {
-    const int r = e / (kChunks - rotated_chunks), ch = rotated_chunks + e % (kChunks - rotated_chunks);
-    cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, tables.head[r], tables.query[r]) + ch * 8,
-               r < rows);
-  }
-  cp_async_commit();
+  if (!early || rotary) load_q(rotated_chunks, true);
   if (rotary) {
     load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, rotary_first, tid - 128, consumer_threads);
   }

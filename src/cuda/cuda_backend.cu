@@ -17,10 +17,10 @@ namespace {
 constexpr std::int64_t kRowBlock = 64;
 constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
 constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
-// Many-row shapes (prefill) on tensor cores split a short key range only when their row blocks leave most SMs
-// idle: on the H200 a 512-key BERT layer of 96 blocks ran 15 us whole and 24 us in two ranges (partials of every
-// row written and merged), bench/sweep_cuda.py. The SIMT kernel (float32), slower per block, still gains from
-// the split there (132 against 199 us).
+// Many-row shapes (prefill) on tensor cores split a key range only when it is long: the partials of every row
+// are written and merged. On the H200 a 512-key BERT layer ran 13.1 us whole and 22.5 us in two ranges with 96
+// blocks (mma.sync), 12.1 and 23.4 us with 48 (wgmma), bench/sweep_cuda.py. The SIMT kernel (float32), slower
+// per block, still gains from the split there (132 against 199 us).
 constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
@@ -175,6 +175,7 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
+//   ATTNKIT_CUDA_MERGE_PDL=0 does so for the split-K merge pass only;
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds);
 //   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
@@ -218,9 +219,11 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
   // leave it compute-bound (docs/benchmarks.md).
   // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel when its
-  // grid (one 128-row block per SM at a time) fills its last wave to 80% or more: a grid just past a whole
-  // number of waves (whisper's 144 blocks on 132 SMs) runs faster as the mma.sync kernel's smaller blocks, two
-  // or more per SM.
+  // grid (one 128-row block per SM at a time) fills its last wave to 80% or more, or is one wave of a quarter of
+  // the SMs or more: a grid just past a whole number of waves (whisper's 144 blocks on 132 SMs) runs faster as
+  // the mma.sync kernel's smaller blocks, two or more per SM, while a grid of one partial wave does not (BERT's
+  // 96 blocks of 128 keys: 7.0 against 7.4 us; 48 blocks of 512 keys: 11.9 against 13.1 us), unless it is
+  // tiny (12 blocks of 128 keys: 6.4 against 5.7 us, twice the blocks on twice the SMs; bench/sweep_cuda.py).
   // A few rows per K/V head over a long cache (a decode step) take it too: its TMA ring keeps more of the cache
   // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
   // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
@@ -233,7 +236,9 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
     return CudaPlan::Kernel::DecodeMma;
   }
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
-  const bool whole_waves = warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
+  const bool whole_waves =
+      (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
+      warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
@@ -286,14 +291,22 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special) {
   // Few rows per K/V head (a decode step): the work is streaming the cache, so the split count is chosen for
   // whole rounds of resident blocks (core::parts_for_full_rounds).
   const std::int64_t sms = plan.sm_count;
-  const std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
+  std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
+  // A few-row grid that ranges of kMinSplitKeys would still leave mostly idle (a single decoder step: Whisper's
+  // 12 heads over 448 or 1500 keys) splits down to single tiles: its merge is a few rows, and each block's
+  // chain of dependent tile loads is what the step waits for (448 keys: 9.8 us whole, 7.7 us in 7 ranges;
+  // 1500 keys: 11.3 us in 5 ranges, 10.2-10.5 us in 8-24; bench/sweep_cuda.py).
+  if (plan.group_rows <= 16 && base_blocks * most * 2 <= sms) {
+    most = std::min(std::max<std::int64_t>(p.k_len / kSplitGranule, 1), kMaxSplits);
+  }
   std::int64_t want = 1;
   if (plan.group_rows <= 16 && base_blocks > 0) {
     const std::int64_t resident = sms * resident_blocks(plan.kernel, p);
     const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
     want = core::parts_for_full_rounds(base_blocks, resident, least, std::max(least, most));
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
-             (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys || 2 * base_blocks <= sms)) {
+             (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
+              (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
   }
   if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
@@ -426,6 +439,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
                    plan.kernel == CudaPlan::Kernel::Warpgroup;
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
+    params.inputs_ready = !(first == 0 && pdl);
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
@@ -443,7 +457,12 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
   if (plan.splits > 1) {
-    launch_merge(params, p.dtype, plan.row_block, stream, pdl);
+    // The merge pass waits for the attention kernel it follows (ours, in the same call) before it reads a
+    // partial, so it is always launched to overlap that kernel's tail (sm_90): its launch latency passes while
+    // the last blocks of the attention grid run.
+    const bool merge_pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0" &&
+                           device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+    launch_merge(params, p.dtype, plan.row_block, stream, merge_pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
   }
 }

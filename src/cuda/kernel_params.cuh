@@ -62,6 +62,10 @@ struct KernelParams {
   core::VisibilityRule rule;
   core::ScoreTransform transform;
   bool has_mask, has_key_lengths, has_sink, return_lse;
+  // The launch reads Q, K and V only after the stream's previous kernel has finished (no programmatic overlap):
+  // the wgmma kernel may start its first copies before its row setup (their latency passes under it). (The
+  // mma.sync kernel gained nothing from it: its one- and two-tile blocks ran 0.1-0.3 us slower on the H200.)
+  bool inputs_ready;
   MaskedRows masked_rows;
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
