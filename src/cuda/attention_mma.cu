@@ -21,9 +21,10 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kRows = 64;
-// Keys per tile: 64, or 32 at head dim 256 (the 16 x 256 float32 accumulator of a warp's rows already takes
-// 128 registers per thread).
-__host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : 64; }
+// Keys per tile: 64; 16 at head dim 256 (the 16 x 256 float32 accumulator of a warp's rows already takes 128
+// registers per thread); 128 at head dim 32, whose accumulator is 16 registers: a 128-token sequence (MiniLM) is
+// then one tile, one dependent load-score-softmax chain per block instead of two.
+__host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : head_dim == 32 ? 128 : 64; }
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
@@ -68,7 +69,7 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
 }
 
 template <class T, int D, class S>
-__global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
   constexpr bool kQuantized = !std::is_same_v<S, T>;
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(const KernelPar
     }
 
     const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
-    transform_scores<kTileKeys>(s, p, c, tables, r0, rows, k0, n, full);
+    transform_scores<kTileKeys, (kTileKeys > 64)>(s, p, c, tables, r0, rows, k0, n, full);
     softmax_step<kTileKeys, D>(s, o, row_max, row_sum);
 
     // P (rounded to T) as the A operand; O += P V.
