@@ -1,13 +1,13 @@
 // The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async),
 // head dims 32, 64, 128 and 256 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
 //
-// A block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in
-// tiles of 64 keys (tile_keys: 16 or 128 at head dims 256 and 32). K and V tiles are double-buffered in shared
-// memory (cp.async, XOR-swizzled 16-byte chunks so ldmatrix reads are conflict-free); Q stays in shared memory and is re-read by ldmatrix. S = Q Kᵀ lives in
-// registers (16 x 64 per warp), the online softmax runs on those registers (a row is spread over the 4 lanes
-// of a quad: two xor-shuffles), P is rounded to the element type in registers and fed straight back as the A
-// operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree. Accumulation is
-// float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
+// A block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in tiles
+// of 64 keys (tile_keys: 16 or 128 at head dims 256 and 32). K and V tiles are double-buffered in shared memory
+// (cp.async, XOR-swizzled 16-byte chunks so ldmatrix reads are conflict-free); Q stays in shared memory and is
+// re-read by ldmatrix. S = Q Kᵀ lives in registers (16 x 64 per warp), the online softmax runs on those registers (a
+// row is spread over the 4 lanes of a quad: two xor-shuffles), P is rounded to the element type in registers and fed
+// straight back as the A operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree.
+// Accumulation is float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
 #include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 #include "stored_pairs.cuh"
