@@ -8,6 +8,7 @@
 // row is spread over the 4 lanes of a quad: two xor-shuffles), P is rounded to the element type in registers and fed
 // straight back as the A operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree.
 // Accumulation is float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
+#include "block_phases.cuh"
 #include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 #include "stored_pairs.cuh"
@@ -68,11 +69,18 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
          4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
 }
 
+// Blocks per SM asked of ptxas: 3 at head dim 32 (its 128-key tiles would take 248 registers, 2 blocks); none
+// elsewhere (0 = unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2
+// blocks per SM instead of 3).
+template <int D>
+constexpr int mma_min_blocks() { return D == 32 ? 3 : 0; }
+
 template <class T, int D, class S>
-__global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
   constexpr bool kQuantized = !std::is_same_v<S, T>;
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
+  ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-6 below, printed by thread 0
   extern __shared__ float4 smem_raw[];
   constexpr int kBuffers = element_tile_buffers<T, S>();
   T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
@@ -93,6 +101,7 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kerne
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
+  ATTNKIT_PHASE(1)
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const std::int64_t key_length = key_length_of(p, c.b);
@@ -102,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kerne
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
   const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length, tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
+  ATTNKIT_PHASE(2)
   const int lo = keys.lo, hi = keys.hi;
 
   // Q rows into shared memory (zeros for padded rows).
@@ -202,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kerne
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
+  ATTNKIT_PHASE(3)
   if constexpr (kQuantized) {  // Q <- Q * K scales, in place (rounded to T, like any element of Q)
     for (int e = tid; e < kRows * D; e += kThreads) {
       T& x = qs[swizzled<D>(e / D, e % D)];
@@ -267,10 +278,16 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 3 : 1) attention_mma_kerne
     cp_async_wait_all();
     __syncthreads();
     buffer ^= 1;
+    if (t0 == first_tile) {
+      ATTNKIT_PHASE(4)
+    }
   }
+  ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
   finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
+  ATTNKIT_PHASE(6)
+  ATTNKIT_PHASES_PRINT("mma", 0)
 }
 
 template <class T, int D, class S>

@@ -13,6 +13,7 @@
 // previous tile's O += P_{t-1} V_{t-1} back to back, hands over, and then runs tile t's softmax while the other
 // warpgroup's MMAs run. The scores, the online softmax and the finish are fragment_softmax.cuh's, the same code
 // as the mma.sync kernel: float32 accumulation, the normaliser sums the rounded P, no atomics, bit-identical runs.
+#include "block_phases.cuh"
 #include "fragment_softmax.cuh"
 #include "hopper.cuh"
 #include "kernel_launchers.hpp"
@@ -168,6 +169,7 @@ template <class T, int D, class S>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-8 below, printed by the first consumer thread
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
@@ -202,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = block_coord(p, block);
+  ATTNKIT_PHASE(1)
   // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
   // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).
   const std::int64_t rotary_first =
@@ -281,12 +284,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (early) issue_kv_tile(0, early_tile);
   }
   if (early && !rotary && tid >= 128 && tid < 128 + consumer_threads) load_q(0, false);  // the consumers' rows
+  ATTNKIT_PHASE(2)
   const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
   // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
   // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
   // once every block of this grid is running.
   wait_for_prior_grids();
   allow_dependent_grids();
+  ATTNKIT_PHASE(3)
   const int lo = keys.lo, hi = keys.hi;
   // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
@@ -397,6 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   sm90::fence_proxy_async();
   sm90::named_sync(kQBarrier, consumer_threads);
+  ATTNKIT_PHASE(4)
   const int warpgroup = warp / 4 - 1;
   const int r0 = (warp - 4) * 16 + lane / 4;
   float o[D / 8][4];
@@ -491,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(&k_empty[0]);
     softmax_tile(0, s);
     pack_p(s);
+    ATTNKIT_PHASE(5)
   }
   for (int t = 1; t < tiles; ++t) {
     // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
@@ -520,6 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(&v_empty[(t - 1) % kSlots]);
     pack_p(s);
   }
+  ATTNKIT_PHASE(6)
   if (tiles > 0) {
     rescale_accumulator<D>(o, alpha);
     prepare_v(tiles - 1);
@@ -530,10 +538,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::pin(o);
     sm90::pin(a);
   }
+  ATTNKIT_PHASE(7)
   // V's scales act on the output columns (sum p (v * s) = s sum p v).
   finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
     return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
   });
+  ATTNKIT_PHASE(8)
+  ATTNKIT_PHASES_PRINT("wgmma", 128)
 #else
   (void)p;
   (void)maps;
