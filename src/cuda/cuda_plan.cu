@@ -1,0 +1,215 @@
+// The CUDA plan's policy: which kernel runs a problem, its grid, its key split and its scratch, from the problem
+// and what the device holds (DeviceTraits) only. Host code without a CUDA call, so that it also runs, and is
+// tested, on a machine without a GPU (tests/cuda/plan_test.cu); the backend fills the traits from the current
+// device (cuda_backend.cu).
+#include "cuda_plan.hpp"
+#include "kernel_launchers.hpp"
+
+#include "../core/work_rounds.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace attnkit::cuda {
+
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+namespace {
+
+constexpr std::int64_t kRowBlock = 64;
+constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
+constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
+// Many-row shapes (prefill) on tensor cores split a key range only when it is long: the partials of every row
+// are written and merged. On the H200 a 512-key BERT layer ran 13.1 us whole and 22.5 us in two ranges with 96
+// blocks (mma.sync), 12.1 and 23.4 us with 48 (wgmma), bench/sweep_cuda.py. The SIMT kernel (float32), slower
+// per block, still gains from the split there (132 against 199 us).
+constexpr std::int64_t kMinTileSplitKeys = 2048;
+constexpr std::int64_t kMaxSplits = 64;
+constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
+constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The tensor-core kernel copies rows in 16-byte chunks: every row of Q, K and V must start on 16 bytes.
+bool layout_aligned16(const Layout& l) {
+  constexpr std::int64_t kElems = 8;  // 16 bytes of a 2-byte type
+  return l.offset % kElems == 0 && l.batch_stride % kElems == 0 && l.head_stride % kElems == 0 &&
+         l.row_stride % kElems == 0;
+}
+// The decode kernel reads a lane's 16 values of a row with 16-byte (int4: 8-byte) loads.
+bool decode_aligned(const Layout& l, KvType type, DType dtype) {
+  const std::int64_t m = decode_value_alignment(type, dtype);
+  return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
+}
+
+// The tensor-core kernel copies rows in 16-byte chunks (of the element type, or of int8 / int4 values).
+bool mma_aligned(const Layout& l, KvType type) {
+  if (type == KvType::Float) return layout_aligned16(l);
+  const std::int64_t m = type == KvType::Int8 ? 16 : 32;
+  return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
+}
+
+// Switches for benchmarks and tests that compare kernels or key splits on the same shapes (the test suite's
+// small shapes would otherwise rarely reach some kernels), not tuning knobs; read at every plan so that one
+// process can compare them:
+//   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
+//   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
+//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32|decode-mma takes that kernel wherever it supports the shape;
+//   ATTNKIT_CUDA_DECODE_MMA=0 keeps the decode-mma kernel out of every plan;
+//   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
+//   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
+//   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
+//   ATTNKIT_CUDA_MERGE_PDL=0 does so for the split-K merge pass only;
+//   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
+//   still holds);
+//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
+//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order.
+
+// allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
+// only the run sees; the run falls back to the plan without them).
+CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, std::int64_t sms,
+                               bool allow_special, const DeviceTraits& device) {
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  const bool decode_ok = allow_special && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                         decode_aligned(p.k, p.k_storage.type, p.dtype) &&
+                         decode_aligned(p.v, p.v_storage.type, p.dtype);
+  const bool warpgroup_ok =
+      allow_special && warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type) &&
+      device.sm90;
+  const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+  // float32 rows on 16 bytes: 4 floats.
+  const auto aligned4 = [](const Layout& l) {
+    return l.offset % 4 == 0 && l.batch_stride % 4 == 0 && l.head_stride % 4 == 0 && l.row_stride % 4 == 0;
+  };
+  const bool tf32_ok = tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+                       aligned4(p.q) && aligned4(p.k) && aligned4(p.v);
+  const bool decode_mma_ok = allow_special &&
+                             decode_mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type,
+                                                 p.has_mask) &&
+                             mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+  const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+  if (forced == "decode-mma" && decode_mma_ok) return CudaPlan::Kernel::DecodeMma;
+  if (forced == "tf32" && tf32_ok) return CudaPlan::Kernel::Tf32;
+  if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
+  if (forced == "mma" && mma_ok) return CudaPlan::Kernel::TensorCore;
+  if (forced == "decode" && decode_ok) return CudaPlan::Kernel::Decode;
+  if (forced == "simt") return CudaPlan::Kernel::Simt;
+  // Few rows per K/V head: the work is streaming the cache, which the decode kernel does at full width (a
+  // 64-row tile would leave most of its rows empty). A quantized cache takes it up to 64 rows (a prompt chunk)
+  // since the other kernels dequantize value by value.
+  // Tensor cores first wherever they apply: even a decode step with 4 of a tile's 64 rows used reads the cache
+  // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
+  // leave it compute-bound (docs/benchmarks.md).
+  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel when its
+  // grid (one 128-row block per SM at a time) fills its last wave to 80% or more, or is one wave of a quarter of
+  // the SMs or more: a grid just past a whole number of waves (whisper's 144 blocks on 132 SMs) runs faster as
+  // the mma.sync kernel's smaller blocks, two or more per SM, while a grid of one partial wave does not (BERT's
+  // 96 blocks of 128 keys: 7.0 against 7.4 us; 48 blocks of 512 keys: 11.9 against 13.1 us), unless it is
+  // tiny (12 blocks of 128 keys: 6.4 against 5.7 us, twice the blocks on twice the SMs; bench/sweep_cuda.py).
+  // A few rows per K/V head over a long cache (a decode step) take it too: its TMA ring keeps more of the cache
+  // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
+  // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
+  const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
+  // A quantized cache under a decode step's few rows: the keys on the MMA's M side, so that the tensor-core work
+  // follows the keys, not 16 or 64 padded rows (the wgmma kernel's int8 step took as long as its float16 one).
+  // ATTNKIT_CUDA_WGMMA=all leaves it to the wgmma kernel (the tests run that kernel on these shapes so).
+  if (decode_mma_ok && quantized && group_rows <= 2 * kDecodeMmaRows && warpgroup_switch != "all" &&
+      env_value("ATTNKIT_CUDA_DECODE_MMA") != "0") {
+    return CudaPlan::Kernel::DecodeMma;
+  }
+  const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
+  const bool whole_waves =
+      (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
+      warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
+  const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
+  // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
+  // tiles): a decode step's way, not a prefill's.
+  const bool warpgroup_wanted =
+      warpgroup_switch == "all" ||
+      (warpgroup_switch != "0" && ((!quantized && group_rows > kRowBlock && whole_waves) || long_stream));
+  if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
+  if (mma_ok) return CudaPlan::Kernel::TensorCore;
+  if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&
+      group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
+    return CudaPlan::Kernel::Decode;
+  }
+  // float32 beyond a decode step's few rows: on the tensor cores at float32 accuracy.
+  if (tf32_ok && env_value("ATTNKIT_CUDA_TF32") != "0") return CudaPlan::Kernel::Tf32;
+  return CudaPlan::Kernel::Simt;
+}
+
+}  // namespace
+
+CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device) {
+  CudaPlan plan;
+  plan.sm_count = device.sm_count;
+  plan.group = p.heads / p.kv_heads;
+  plan.group_rows = plan.group * p.q_len;
+  plan.kernel = choose_kernel(p, plan.group_rows, plan.sm_count, allow_special, device);
+  const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
+  const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
+  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
+  const bool decode_mma = plan.kernel == CudaPlan::Kernel::DecodeMma;
+  plan.row_block = decode       ? kDecodeRows
+                   : decode_mma ? kDecodeMmaRows
+                   : warpgroup  ? warpgroup_rows(p.k_storage.type)
+                                : kRowBlock;
+  plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
+  const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
+  plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
+  // Split long key ranges when the row blocks alone would not fill the GPU twice over (the tile kernels). The decode
+  // kernel also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
+  // Few rows per K/V head (a decode step): the work is streaming the cache, so the split count is chosen for
+  // whole rounds of resident blocks (core::parts_for_full_rounds).
+  const std::int64_t sms = plan.sm_count;
+  std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
+  // A few-row grid that ranges of kMinSplitKeys would still leave mostly idle (a single decoder step: Whisper's
+  // 12 heads over 448 or 1500 keys) splits down to single tiles: its merge is a few rows, and each block's
+  // chain of dependent tile loads is what the step waits for (448 keys: 9.8 us whole, 7.7 us in 7 ranges;
+  // 1500 keys: 11.3 us in 5 ranges, 10.2-10.5 us in 8-24; bench/sweep_cuda.py).
+  if (plan.group_rows <= 16 && base_blocks * most * 2 <= sms) {
+    most = std::min(std::max<std::int64_t>(p.k_len / kSplitGranule, 1), kMaxSplits);
+  }
+  std::int64_t want = 1;
+  if (plan.group_rows <= 16 && base_blocks > 0) {
+    const std::int64_t resident = sms * device.resident_blocks(plan.kernel);
+    const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
+    want = core::parts_for_full_rounds(base_blocks, resident, least, std::max(least, most));
+  } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
+             (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
+              (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
+    want = std::min(ceil_div(2 * sms, base_blocks), most);
+  }
+  if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
+  const std::string forced_splits = env_value("ATTNKIT_CUDA_SPLITS");
+  if (!forced_splits.empty()) {
+    const std::int64_t n = std::max<std::int64_t>(std::atoll(forced_splits.c_str()), 1);
+    want = std::max(std::min(n, std::max<std::int64_t>(p.k_len / kSplitGranule, 1)),
+                    decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1);
+  }
+  if (want > 1) {
+    plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
+    plan.splits = ceil_div(p.k_len, plan.split_keys);
+  }
+  plan.blocks = base_blocks * plan.splits;
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
+                    : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
+                    : decode                                    ? decode_smem_bytes()
+                    : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
+                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
+                                                                : simt_smem_bytes(p.head_dim, p.v_head_dim);
+  plan.partial_bytes =
+      plan.splits > 1
+          ? static_cast<std::size_t>(plan.blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float)
+          : 0;
+  plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
+  return plan;
+}
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,33 @@
+// The CUDA plan's policy (cuda_plan.cu) as a function of the problem and of what the device holds: host code
+// with no CUDA call, so that tests check it without a GPU.
+#pragma once
+
+#include "cuda_backend.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace attnkit::cuda {
+
+// What the plan needs to know of the device.
+struct DeviceTraits {
+  int sm_count = 0;
+  bool sm90 = false;  // compute capability 9.0: the wgmma kernel's sm_90a code runs there
+  // Blocks of `kernel` (the problem's instance) one SM holds at once, at the plan's shared memory.
+  std::function<int(CudaPlan::Kernel)> resident_blocks;
+};
+
+// Scratch starts with the key-length check's flag; the split-K partials follow it.
+inline constexpr std::size_t kFlagBytes = 256;
+
+// The plan of `p` on `device`. allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-
+// aligned base pointers, which only the run sees; the run falls back to the plan without them).
+CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device);
+
+// A switch's value from the environment ("" when unset): the plan's and the run's switches for tests and
+// benchmarks (listed in cuda_plan.cu).
+std::string env_value(const char* name);
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,111 @@
+// The CUDA plan's policy (src/cuda/cuda_plan.cu) on the host, with the device described by hand: no GPU needed,
+// so this runs in CI. Each expectation is a rule of the plan (docs/design.md, "The CUDA kernels"), on the
+// PERF.md shapes and an H200-like device (132 SMs, compute capability 9.0, 3 mma.sync blocks per SM at head dims
+// 32 and 64); the describe() strings of several of them were read off the H200 (bench/results/).
+#include <cuda/cuda_plan.hpp>
+
+#include "core/problem_check.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+namespace attnkit::test {
+namespace {
+
+using cuda::CudaPlan;
+using Kernel = CudaPlan::Kernel;
+
+cuda::DeviceTraits h200(bool sm90 = true) {
+  cuda::DeviceTraits d;
+  d.sm_count = 132;
+  d.sm90 = sm90;
+  d.resident_blocks = [](Kernel k) { return k == Kernel::Warpgroup ? 1 : k == Kernel::TensorCore ? 3 : 2; };
+  return d;
+}
+
+AttentionProblem shape(std::int64_t b, std::int64_t h, std::int64_t hkv, std::int64_t sq, std::int64_t sk,
+                       std::int64_t d, bool causal, DType dtype = DType::f16) {
+  AttentionProblem p = AttentionProblem::head_first(b, h, hkv, sq, sk, d, dtype);
+  p.causal = causal;
+  return core::normalize_and_check(p);
+}
+
+CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special = true) {
+  return cuda::plan_for(p, allow_special, h200(sm90));
+}
+
+TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
+  const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 85120 B shared, 132 SMs");
+  const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
+  EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(bert_b1_s512.blocks, 48);
+  EXPECT_EQ(bert_b1_s512.splits, 1) << "a 512-key range is not split (the merge of every row costs more)";
+  // 12 blocks of 128 rows: twice as many mma.sync blocks of 64 rows on twice the SMs.
+  const CudaPlan bert_b1_s128 = plan_of(shape(1, 12, 12, 128, 128, 64, false));
+  EXPECT_EQ(bert_b1_s128.kernel, Kernel::TensorCore);
+  EXPECT_EQ(bert_b1_s128.blocks, 24);
+}
+
+TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
+  EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
+            "cuda.wgmma 384 blocks of 128 rows, 85120 B shared, 132 SMs");
+  const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
+  EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
+  EXPECT_EQ(llama_prefill.splits, 1);
+  // 144 blocks of 128 rows are one wave and 9% of another: the mma.sync kernel's 288 smaller blocks instead.
+  const CudaPlan whisper_enc = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
+  EXPECT_EQ(whisper_enc.kernel, Kernel::TensorCore);
+  EXPECT_EQ(whisper_enc.blocks, 12 * 24);
+  EXPECT_EQ(whisper_enc.splits, 1);
+}
+
+TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
+  // 12 heads, one query: 12 blocks would each walk every key; ranges down to one 64-key tile.
+  EXPECT_EQ(cuda::describe(plan_of(shape(1, 12, 12, 1, 448, 64, true))),
+            "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys");
+  const CudaPlan cross = plan_of(shape(1, 12, 12, 1, 1500, 64, false));
+  EXPECT_EQ(cross.kernel, Kernel::TensorCore);
+  EXPECT_EQ(cross.splits, 12);
+  EXPECT_EQ(cross.split_keys, 128);
+  EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
+}
+
+TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
+  const CudaPlan b64 = plan_of(shape(64, 32, 8, 1, 4096, 128, true));
+  EXPECT_EQ(b64.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(b64.blocks % (64 * 8), 0);
+  EXPECT_LE(b64.splits, 4);
+  const CudaPlan b8 = plan_of(shape(8, 32, 8, 1, 32768, 128, true));
+  EXPECT_EQ(b8.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(b8.splits, 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
+}
+
+TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
+  AttentionProblem p = AttentionProblem::head_first(8, 32, 8, 1, 4096, 128, DType::f16);
+  p.causal = true;
+  p.k_storage = p.v_storage = KvStorage{KvType::Int8, KvQuant::PerTensor};
+  const CudaPlan plan = plan_of(core::normalize_and_check(p));
+  EXPECT_EQ(plan.kernel, Kernel::DecodeMma);
+}
+
+TEST(CudaPlan, Float32TakesTheTf32KernelOrTheDecodeKernel) {
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false, DType::f32)).kernel, Kernel::Tf32);
+  EXPECT_EQ(plan_of(shape(8, 32, 8, 1, 4096, 128, true, DType::f32)).kernel, Kernel::Decode);
+}
+
+TEST(CudaPlan, WithoutHopperOrAlignedPointersTheMmaKernelRuns) {
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).kernel, Kernel::TensorCore);
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false), true, /*allow_special=*/false).kernel,
+            Kernel::TensorCore);
+  // A long key range over few row blocks is split: 32 blocks of 4096 keys into 8 ranges of 512.
+  const CudaPlan few = plan_of(shape(1, 4, 4, 512, 4096, 64, false), /*sm90=*/false);
+  EXPECT_EQ(few.kernel, Kernel::TensorCore);
+  EXPECT_EQ(few.splits, 8);
+  EXPECT_EQ(few.split_keys, 512);
+}
+
+}  // namespace
+}  // namespace attnkit::test
