@@ -7,8 +7,11 @@ not the benchmark of record (bench_cuda.py is).
 Every setting is checked against a float64 reference (scaled error) before it is timed (CUDA-graph replay,
 median). Prints one line per (case, setting) and, per case, the fastest setting and the plan's own.
 
+--ab VAR=value[,VAR=value...] times the plan with and without each switch instead (an A/B of the backend's
+switches, e.g. ATTNKIT_CUDA_MERGE_PDL=0, in one process).
+
 Run (on a GPU machine, with attnkit built with CUDA on PYTHONPATH):
-  python3 bench/sweep_cuda.py [--cases a,b] [--rep 10] [--out FILE.csv]
+  python3 bench/sweep_cuda.py [--cases a,b] [--rep 10] [--out FILE.csv] [--ab VAR=value,...]
 """
 import argparse
 import csv
@@ -31,9 +34,12 @@ DEFAULT_CASES = ["llama8b_decode_b64_k4k_gqa", "llama8b_decode_b8_k32k_gqa", "wh
                  "bert_b8_s128"]
 
 
-def settings(sq, group):
-    """(label, environment) pairs to try: the plan, each kernel, and for few rows each split of each kernel."""
+def settings(sq, group, ab=None):
+    """(label, environment) pairs to try: the plan, each kernel, and for few rows each split of each kernel; with
+    `ab`, the plan and the plan under each of those switches."""
     out = [("plan", {})]
+    if ab:
+        return out + [(f"plan {k}={v}", {k: v}) for k, v in ab]
     for kern in KERNELS:
         out.append((kern, {"ATTNKIT_CUDA_KERNEL": kern}))
         splits = SPLITS if sq * group <= 16 else ([1, 2, 4] if kern != "decode" else [])
@@ -47,7 +53,9 @@ def main():
     ap.add_argument("--rep", type=int, default=10, help="timing window per setting, ms")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--out", help="CSV of every timing")
+    ap.add_argument("--ab", help="VAR=value,...: the plan with and without each switch (no kernel or split sweep)")
     args = ap.parse_args()
+    ab = [tuple(kv.split("=", 1)) for kv in args.ab.split(",")] if args.ab else None
     dt = getattr(torch, args.dtype)
     table = {c[0]: c for c in SEED + LLM}
     rows = []
@@ -67,8 +75,8 @@ def main():
                 times[pname] = 1000.0 * tt.do_bench_cudagraph(fn, rep=args.rep, return_mode="median")
             except Exception:  # noqa: BLE001 -- a peer that refuses the shape
                 times[pname] = math.nan
-        for label, env in settings(sq, hq // hkv):
-            saved = {key: os.environ.get(key) for key in ("ATTNKIT_CUDA_KERNEL", "ATTNKIT_CUDA_SPLITS")}
+        for label, env in settings(sq, hq // hkv, ab):
+            saved = {key: os.environ.get(key) for key in ("ATTNKIT_CUDA_KERNEL", "ATTNKIT_CUDA_SPLITS", *env)}
             os.environ.update(env)
             try:
                 fn = lambda: attnkit.attention(q, k, v, causal=causal, out=o)  # noqa: E731
