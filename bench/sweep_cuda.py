@@ -55,7 +55,11 @@ def main():
     ap.add_argument("--out", help="CSV of every timing")
     ap.add_argument("--ab", help="VAR=value,...: the plan with and without each switch (no kernel or split sweep)")
     args = ap.parse_args()
-    ab = [tuple(kv.split("=", 1)) for kv in args.ab.split(",")] if args.ab else None
+    ab = None
+    if args.ab:
+        ab = [tuple(kv.split("=", 1)) for kv in args.ab.split(",")]
+        if any(len(kv) != 2 or not kv[0] for kv in ab):
+            ap.error(f"--ab {args.ab!r}: expected VAR=value[,VAR=value...]")
     dt = getattr(torch, args.dtype)
     table = {c[0]: c for c in SEED + LLM}
     rows = []
