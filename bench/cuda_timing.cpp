@@ -1,6 +1,8 @@
-// Times attnkit's CUDA kernels alone (CUDA events, median of many back-to-back calls) on the PERF.md shapes.
-// A quick look between full runs; the numbers that count come from bench/bench_cuda.py, side by side with
-// PyTorch in one process.
+// Times attnkit's CUDA kernels alone on the PERF.md shapes: eager (CUDA events around back-to-back calls, host
+// launch cost included where the GPU outruns it) and by CUDA-graph replay (20 calls captured in one graph, as
+// bench/bench_cuda.py times them), medians. A quick look between full runs, and the way to compare two builds of
+// a kernel in one device run; the numbers that count come from bench/bench_cuda.py, side by side with PyTorch
+// in one process.
 //   usage: attnkit_cuda_timing [case-substring [dtype]]
 #include <attnkit/attention.hpp>
 
@@ -20,7 +22,9 @@ int main(int argc, char** argv) {
   const std::string only_dtype = argc > 2 ? argv[2] : "";
   struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
   const Case cases[] = {
-      {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},   {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
+      {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
+      {"bert_b1_s128", 1, 12, 12, 128, 128, 64, false},     {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
+      {"bert_b1_s512", 1, 12, 12, 512, 512, 64, false},
       {"bert_b8_s512", 8, 12, 12, 512, 512, 64, false},     {"whisper_enc_1500", 1, 12, 12, 1500, 1500, 64, false},
       {"whisper_dec_448", 1, 12, 12, 1, 448, 64, true},     {"whisper_cross_1q", 1, 12, 12, 1, 1500, 64, false},
       {"fa3_h128_s4k", 4, 16, 16, 4096, 4096, 128, false},  {"fa3_h64_s4k", 4, 32, 32, 4096, 4096, 64, false},
@@ -29,7 +33,10 @@ int main(int argc, char** argv) {
       {"llama8b_decode_b64_k4k_gqa", 64, 32, 8, 1, 4096, 128, true},
       {"llama8b_decode_b8_k32k_gqa", 8, 32, 8, 1, 32768, 128, true},
   };
-  std::printf("%-28s %-9s %10s %9s %9s  %s\n", "case", "dtype", "us", "TFLOP/s", "GB/s", "kernel");
+  std::printf("%-28s %-9s %10s %10s %9s %9s  %s\n", "case", "dtype", "eager us", "graph us", "TFLOP/s", "GB/s",
+              "kernel");
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   for (const Case& c : cases) {
     if (std::string(c.name).find(only_case) == std::string::npos) continue;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
@@ -53,25 +60,45 @@ int main(int argc, char** argv) {
       Attention op(p, cfg);
       AttentionArgs a;
       a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nk}; a.o = {o, nq};
+      a.stream = stream;
       for (int i = 0; i < 3; ++i) op.run(a);
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0); cudaEventCreate(&e1);
-      std::vector<float> ms;
-      for (int rep = 0; rep < 15; ++rep) {
-        cudaEventRecord(e0);
-        for (int i = 0; i < 5; ++i) op.run(a);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float m = 0; cudaEventElapsedTime(&m, e0, e1); ms.push_back(m / 5);
+      // Median milliseconds per call of `calls` calls of `body` between two events, over 15 repetitions.
+      const auto median_ms = [&](int calls, const auto& body) {
+        std::vector<float> ms;
+        for (int rep = 0; rep < 15; ++rep) {
+          cudaEventRecord(e0, stream);
+          body();
+          cudaEventRecord(e1, stream);
+          cudaEventSynchronize(e1);
+          float m = 0; cudaEventElapsedTime(&m, e0, e1); ms.push_back(m / calls);
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+      };
+      const float eager_ms = median_ms(5, [&] { for (int i = 0; i < 5; ++i) op.run(a); });
+      constexpr int kGraphCalls = 20;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+      for (int i = 0; i < kGraphCalls; ++i) op.run(a);
+      cudaStreamEndCapture(stream, &graph);
+      float graph_ms = 0;
+      if (graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+        cudaGraphLaunch(exec, stream);
+        graph_ms = median_ms(kGraphCalls, [&] { cudaGraphLaunch(exec, stream); });
+        cudaGraphExecDestroy(exec);
       }
-      std::sort(ms.begin(), ms.end());
-      const double sec = ms[ms.size() / 2] * 1e-3;
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaEventDestroy(e0); cudaEventDestroy(e1);
+      const double sec = (graph_ms > 0 ? graph_ms : eager_ms) * 1e-3;
       double pairs = static_cast<double>(c.sq) * c.sk;
       if (c.causal && c.sq > 1) pairs = static_cast<double>(c.sq) * (c.sk - c.sq) + c.sq * (c.sq + 1) / 2.0;
       const double flops = 4.0 * c.b * c.h * pairs * c.d;
       const double bytes_min = static_cast<double>(es) * (2.0 * nq + 2.0 * nk);
-      std::printf("%-28s %-9s %10.1f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(), sec * 1e6,
-                  flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
+      std::printf("%-28s %-9s %10.2f %10.2f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(),
+                  eager_ms * 1e3, graph_ms * 1e3, flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
       if (cudaGetLastError() != cudaSuccess) { std::printf("CUDA error\n"); return 1; }
     }
