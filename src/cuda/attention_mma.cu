@@ -75,7 +75,9 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
 template <int D>
 constexpr int mma_min_blocks() { return D == 32 ? 3 : 0; }
 
-template <class T, int D, class S>
+// kPlain: the build for runs_plain problems (kernel_params.cuh), with no row tables, rule, mask, softcap, sink
+// or split compiled in (attention_wgmma.cu says why).
+template <class T, int D, class S, bool kPlain>
 __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
   constexpr bool kQuantized = !std::is_same_v<S, T>;
@@ -100,16 +102,17 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   const int warp = tid / 32;
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
-  const BlockCoord c = block_coord(p, block);
+  const BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
   ATTNKIT_PHASE(1)
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
-  const std::int64_t key_length = key_length_of(p, c.b);
   const T* q = static_cast<const T*>(p.q);
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
-  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length, tables);
+  // Plain: every row sees the whole key range and Q's rows come from row_of, so no table and no barrier.
+  const BlockKeys keys = kPlain ? BlockKeys{0, static_cast<int>(p.k_len), 0, static_cast<int>(p.k_len)}
+                                : setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   ATTNKIT_PHASE(2)
   const int lo = keys.lo, hi = keys.hi;
@@ -117,7 +120,13 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   // Q rows into shared memory (zeros for padded rows).
   for (int e = tid; e < kRows * kChunks; e += kThreads) {
     const int r = e / kChunks, ch = e % kChunks;
-    const T* src = q + p.lq.index(c.b, row_head[r], row_query[r]) + ch * 8;
+    RowOf row{0, 0};
+    if (!kPlain) {
+      row = RowOf{row_head[r], row_query[r]};
+    } else if (r < rows) {
+      row = row_of(p, c.kvh, first_row + r);
+    }
+    const T* src = q + p.lq.index(c.b, row.head, row.query) + ch * 8;
     cp_async16(qs + swizzled<D>(r, ch * 8), src, r < rows);
   }
   // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row: of the
@@ -255,8 +264,12 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
       }
     }
 
-    const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
-    transform_scores<kTileKeys, (kTileKeys > 64)>(s, p, c, tables, r0, rows, k0, n, full);
+    if constexpr (kPlain) {
+      scale_plain_scores<kTileKeys>(s, p.transform.scale, n);
+    } else {
+      const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
+      transform_scores<kTileKeys, (kTileKeys > 64)>(s, p, c, tables, r0, rows, k0, n, full);
+    }
     softmax_step<kTileKeys, D>(s, o, row_max, row_sum);
 
     // P (rounded to T) as the A operand; O += P V.
@@ -285,38 +298,41 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-  finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
+  finish_rows<T, D, kRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
   ATTNKIT_PHASE(6)
   ATTNKIT_PHASES_PRINT("mma", 0)
 }
 
-template <class T, int D, class S>
+template <class T, int D, class S, bool kPlain = false>
 struct Instance {
-  static constexpr auto kernel = attention_mma_kernel<T, D, S>;
+  static constexpr auto kernel = attention_mma_kernel<T, D, S, kPlain>;
   static std::size_t smem() { return smem_bytes_for<T, S>(D); }
 };
 
-// Calls f(Instance<T, D, S>{}) for the kernel instance of (dtype, head dim, storage): quantized caches are built
-// for head dims 64 and 128 (mma_supports says so).
+// Calls f(Instance<T, D, S, plain>{}) for the kernel instance of (dtype, head dim, storage, plain): quantized
+// caches are built for head dims 64 and 128 (mma_supports says so), the plain build for head dims up to 128.
 template <class T, int D, class F>
-void with_storage(KvType type, F&& f) {
+void with_storage(KvType type, bool plain, F&& f) {
   if constexpr (D == 64 || D == 128) {
     if (type == KvType::Int8) return f(Instance<T, D, std::int8_t>{});
     if (type == KvType::Int4) return f(Instance<T, D, Int4Tag>{});
   }
+  if constexpr (D <= 128) {
+    if (plain) return f(Instance<T, D, T, true>{});
+  }
   f(Instance<T, D, T>{});
 }
 template <class T, class F>
-void with_head_dim(std::int64_t head_dim, KvType type, F&& f) {
-  if (head_dim == 32) with_storage<T, 32>(type, f);
-  else if (head_dim == 64) with_storage<T, 64>(type, f);
-  else if (head_dim == 128) with_storage<T, 128>(type, f);
-  else with_storage<T, 256>(type, f);
+void with_head_dim(std::int64_t head_dim, KvType type, bool plain, F&& f) {
+  if (head_dim == 32) with_storage<T, 32>(type, plain, f);
+  else if (head_dim == 64) with_storage<T, 64>(type, plain, f);
+  else if (head_dim == 128) with_storage<T, 128>(type, plain, f);
+  else with_storage<T, 256>(type, plain, f);
 }
 template <class F>
-void with_instance(DType dtype, std::int64_t head_dim, KvType type, F&& f) {
-  if (dtype == DType::f16) with_head_dim<__half>(head_dim, type, f);
-  else with_head_dim<__nv_bfloat16>(head_dim, type, f);
+void with_instance(DType dtype, std::int64_t head_dim, KvType type, bool plain, F&& f) {
+  if (dtype == DType::f16) with_head_dim<__half>(head_dim, type, plain, f);
+  else with_head_dim<__nv_bfloat16>(head_dim, type, plain, f);
 }
 
 }  // namespace
@@ -338,7 +354,7 @@ std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type) {
 }
 
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
-  with_instance(dtype, p.head_dim, p.k_type, [&](auto instance) {
+  with_instance(dtype, p.head_dim, p.k_type, runs_plain(p), [&](auto instance) {
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
     I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
@@ -347,7 +363,7 @@ void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStr
 
 int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
   int blocks = 1;
-  with_instance(dtype, head_dim, type, [&](auto instance) {
+  with_instance(dtype, head_dim, type, /*plain=*/false, [&](auto instance) {
     using I = decltype(instance);
     static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, I::smem());
     blocks = resident;

@@ -165,7 +165,11 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
 }
 #endif
 
-template <class T, int D, class S>
+// kPlain: the build for runs_plain problems (kernel_params.cuh): no row tables, no rule, mask, softcap, sink,
+// rotary or split compiled in. A one-tile block runs every instruction of its path once, fetched cold, and the
+// general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
+// 2026-11-30-h200-short-prologue.md).
+template <class T, int D, class S, bool kPlain>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -203,12 +207,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
-  const BlockCoord c = block_coord(p, block);
+  const BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
   ATTNKIT_PHASE(1)
   // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
   // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).
   const std::int64_t rotary_first =
-      p.rotary.cos != nullptr && p.rotary.position_ids == nullptr && tid >= 128
+      !kPlain && p.rotary.cos != nullptr && p.rotary.position_ids == nullptr && tid >= 128
           ? p.rotary.first_position[c.b * p.rotary.first_position_stride]
           : 0;
   const std::int64_t first_row = c.row_block * kBlockRows;
@@ -240,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
   const int q_rows = solo ? 64 : kBlockRows;
-  const bool rotary = p.rotary.cos != nullptr;
+  const bool rotary = !kPlain && p.rotary.cos != nullptr;
   // Q's plain chunks [first_chunk, kChunks) of every row by cp.async (zeros for padded rows), at the rows'
   // (head, query) from the row tables or, before they exist, from row_of.
   auto load_q = [&](int first_chunk, bool from_tables) {
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = tid - 128; e < q_rows * per_row; e += consumer_threads) {
       const int r = e / per_row, ch = first_chunk + e % per_row;
       RowOf row{0, 0};
-      if (from_tables) {
+      if (!kPlain && from_tables) {
         row = RowOf{tables.head[r], tables.query[r]};
       } else if (r < rows) {
         row = row_of(p, c.kvh, first_row + r);
@@ -261,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // K and V and all of Q can be in flight before the row setup, whose time then covers their latency (most of
   // a one-tile block's). Not in a launch that overlaps the previous kernel (the GQA pre-pass writes Q and K/V)
   // nor from a quantized cache (its raw ring) nor with a rotary (Q goes through the rotation after the setup).
-  const bool early = !kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0);
+  const bool early = kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0));
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
@@ -285,7 +289,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (early && !rotary && tid >= 128 && tid < 128 + consumer_threads) load_q(0, false);  // the consumers' rows
   ATTNKIT_PHASE(2)
-  const BlockKeys keys = setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
+  // Plain: every row sees the block's whole key range, and the barrier only publishes the initialised mbarriers.
+  const BlockKeys keys = kPlain ? plain_block_keys(c)
+                                : setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
   // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
   // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
   // once every block of this grid is running.
@@ -422,7 +428,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int slot = t % kSlots;
     const int t0 = first_tile + t * kTileKeys;
     sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
-    if (t0 < lo || t0 + kTileKeys > hi) {  // both warpgroups, each half of the rows (they meet here once)
+    // (Plain: the keys past hi = k_len are the TMA's zeros already.)
+    if (!kPlain && (t0 < lo || t0 + kTileKeys > hi)) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
       for (int e = tid - 128; e < kTileKeys * (D / 8); e += consumer_threads) {
         const int j = e / (D / 8), ch = e % (D / 8);
@@ -469,8 +476,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tile t's scores into P (in `a`), after its S is complete.
   auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
-    const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
-    transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+    if constexpr (kPlain) {
+      scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
+    } else {
+      const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
+      transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+    }
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
   };
   auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {
@@ -540,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   ATTNKIT_PHASE(7)
   // V's scales act on the output columns (sum p (v * s) = s sum p v).
-  finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
+  finish_rows<T, D, kBlockRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
     return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
   });
   ATTNKIT_PHASE(8)
@@ -552,20 +563,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class T, int D, class S>
+template <class T, int D, class S, bool kPlain = false>
 void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
                    bool overlap) {
-  allow_max_dynamic_smem<attention_wgmma_kernel<T, D, S>>();
-  launch_kernel(attention_wgmma_kernel<T, D, S>, dim3(static_cast<unsigned>(blocks)), kThreads, smem_bytes_for<T, D, S>(), stream, overlap, p, maps);
+  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain>;
+  allow_max_dynamic_smem<kernel>();
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), kThreads, smem_bytes_for<T, D, S>(), stream, overlap, p, maps);
 }
 
-// Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so).
+// Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so), and so is the plain
+// build (the short sequences it is for have head dim 64 or 128).
 template <class T, int D>
 void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
                   bool overlap) {
   if constexpr (D == 64 || D == 128) {
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
+    if (runs_plain(p)) return launch_stored<T, D, T, true>(p, maps, blocks, stream, overlap);
   }
   launch_stored<T, D, T>(p, maps, blocks, stream, overlap);
 }

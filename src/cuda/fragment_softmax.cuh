@@ -139,6 +139,32 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
   return keys;
 }
 
+// setup_rows for a plain problem (runs_plain): every row sees the block's whole key range, and no table is
+// written (the rows' heads and queries come from row_of where needed). Syncs the block once, as setup_rows does.
+__device__ __forceinline__ BlockKeys plain_block_keys(const BlockCoord& c) {
+  __syncthreads();
+  const int begin = static_cast<int>(c.key_begin), end = static_cast<int>(c.key_end);
+  return {begin, end, begin, end};
+}
+
+// transform_scores for a plain problem: the scale, and -inf for the keys at and past column `n` (the keys' end,
+// in the last tile).
+template <int kCols>
+__device__ __forceinline__ void scale_plain_scores(float (&s)[kCols / 8][4], float scale, int n) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] *= scale;
+  if (n >= kCols) return;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (j * 8 + (lane % 4) * 2 + e % 2 >= n) s[j][e] = core::kNegInf;
+    }
+}
+
 // Scores of a tile of kCols keys starting at key k0 (n of them real): scale (or softcap), then, unless the
 // tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
 // The rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
@@ -295,7 +321,8 @@ __device__ __forceinline__ void store_pair(T* at, T first, T second) {
 
 // Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
 // rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
-template <class T, int D, int kRows, class VScale>
+// kPlain (runs_plain): no partial, no sink, every output row on a pair boundary, rows from row_of (no tables).
+template <class T, int D, int kRows, bool kPlain = false, class VScale>
 __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCoord& c, const RowTables& t,
                                             std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
                                             const float (&row_max)[2], const float (&row_sum)[2],
@@ -306,7 +333,8 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const int r = r0 + half * 8;
     if (r >= rows) continue;
     const bool poisoned = isnan(row_sum[half]);
-    if (p.partial != nullptr) {
+    const RowOf row = kPlain ? row_of(p, c.kvh, c.row_block * kRows + r) : RowOf{t.head[r], t.query[r]};
+    if (!kPlain && p.partial != nullptr) {
       float* part = p.partial + (block * kRows + r) * (3 + D);
       if (lane % 4 == 0) {
         part[0] = row_max[half];
@@ -321,12 +349,13 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
       }
       continue;
     }
-    const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, p.has_sink,
-                                                 p.has_sink ? p.sinks[t.head[r]] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, t.head[r], t.query[r]);
+    const bool sink = !kPlain && p.has_sink;
+    const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, sink,
+                                                 sink ? p.sinks[row.head] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query);
     // A thread's two columns side by side: one store of both where the row allows (any layout may start a row
     // on an odd element), half the store instructions of the block's epilogue.
-    const bool paired = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
+    const bool paired = kPlain || reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
@@ -339,7 +368,7 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
         out[col + 1] = second;
       }
     }
-    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, t.head[r], t.query[r])] = fin.lse;
+    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row.head, row.query)] = fin.lse;
   }
 }
 

@@ -281,6 +281,34 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
   }
 }
 
+// A plain problem: no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split, every
+// output row on a pair boundary (two 2-byte elements), and the launch's inputs ready at its start. The tile
+// kernels have a build for it with none of those compiled in (their `kPlain`): the encoder layers of BERT,
+// MiniLM or Whisper, whose short blocks run each instruction of their path about once.
+inline bool runs_plain(const KernelParams& p) {
+  const bool pairs = reinterpret_cast<std::uintptr_t>(p.o) % 4 == 0 && p.lo.offset % 2 == 0 &&
+                     p.lo.batch_stride % 2 == 0 && p.lo.head_stride % 2 == 0 && p.lo.row_stride % 2 == 0;
+  return pairs && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+         !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
+         p.v_type == KvType::Float && p.partial == nullptr && p.splits == 1 && p.inputs_ready && p.fast_coords &&
+         !p.heavy_first;
+}
+
+// block_coord of a plain problem (one key range, index order, fast_coords).
+__device__ __forceinline__ BlockCoord plain_block_coord(const KernelParams& p, std::int64_t block) {
+  BlockCoord c;
+  const auto index = static_cast<std::uint32_t>(block);
+  const std::uint32_t pair = p.div.row_blocks.quotient(index);
+  c.row_block = p.div.row_blocks.remainder(index, pair);
+  const std::uint32_t b = p.div.kv_heads.quotient(pair);
+  c.kvh = p.div.kv_heads.remainder(pair, b);
+  c.b = b;
+  c.split = 0;
+  c.key_begin = 0;
+  c.key_end = p.k_len;
+  return c;
+}
+
 __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std::int64_t b) {
   return p.has_key_lengths ? p.key_lengths[b] : p.k_len;
 }
