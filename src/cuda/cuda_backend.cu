@@ -175,6 +175,7 @@ std::string describe(const CudaPlan& plan) {
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys";
   }
+  if (plan.plain) s += ", plain";
   return s;
 }
 
@@ -233,6 +234,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   if (plan.blocks == 0) return;
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
+  params.plain = plan.plain;
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;

@@ -33,6 +33,9 @@ struct CudaPlan {
   std::size_t smem_bytes = 0;
   std::size_t partial_bytes = 0;  // split-K partial states
   std::size_t scratch_bytes = 0;  // partials + the key-length check flag
+  // The tile kernel's plain build (no mask, rule, softcap, sink or split compiled in; runs_plain in
+  // kernel_params.cuh), for short key ranges where a block's prologue and finish weigh.
+  bool plain = false;
 };
 
 CudaPlan plan(const AttentionProblem& problem);

@@ -31,6 +31,10 @@ constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
+// Key ranges up to which a plain problem runs the tile kernels' plain build. A one-tile block of it ran 16-18%
+// faster on the H200 (BERT and MiniLM at 128 tokens), 512 keys 7-9%, Whisper's 1500 5%; at 4096 keys the
+// general build was 1% faster (bench/results/2026-11-30-h200-plain-build.md).
+constexpr std::int64_t kPlainMaxKeys = 2048;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -67,7 +71,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds);
 //   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
-//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order.
+//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
+//   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan.
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
@@ -198,6 +203,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
+  // Two-byte output elements in pairs: every output row starts on 4 bytes (the run checks the base pointer).
+  const bool output_pairs =
+      p.o.offset % 2 == 0 && p.o.batch_stride % 2 == 0 && p.o.head_stride % 2 == 0 && p.o.row_stride % 2 == 0;
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
+               plan.splits == 1 && p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask &&
+               !p.has_key_lengths && !p.has_head_sink && p.softcap.value_or(0.0f) == 0.0f && !p.causal &&
+               !quantized && output_pairs && env_value("ATTNKIT_CUDA_PLAIN") != "0";
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()

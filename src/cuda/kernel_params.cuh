@@ -67,6 +67,7 @@ struct KernelParams {
   // mma.sync kernel gained nothing from it: its one- and two-tile blocks ran 0.1-0.3 us slower on the H200.)
   bool inputs_ready;
   MaskedRows masked_rows;
+  bool plain;  // the plan's choice of the tile kernels' plain build (CudaPlan::plain); runs_plain checks the rest
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
 
@@ -284,11 +285,12 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
 // A plain problem: no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split, every
 // output row on a pair boundary (two 2-byte elements), and the launch's inputs ready at its start. The tile
 // kernels have a build for it with none of those compiled in (their `kPlain`): the encoder layers of BERT,
-// MiniLM or Whisper, whose short blocks run each instruction of their path about once.
+// MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
+// (CudaPlan::plain, for short key ranges); this re-checks what only the launch knows, and the rest.
 inline bool runs_plain(const KernelParams& p) {
   const bool pairs = reinterpret_cast<std::uintptr_t>(p.o) % 4 == 0 && p.lo.offset % 2 == 0 &&
                      p.lo.batch_stride % 2 == 0 && p.lo.head_stride % 2 == 0 && p.lo.row_stride % 2 == 0;
-  return pairs && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+  return p.plain && pairs && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
          p.v_type == KvType::Float && p.partial == nullptr && p.splits == 1 && p.inputs_ready && p.fast_coords &&
          !p.heavy_first;

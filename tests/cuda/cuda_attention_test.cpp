@@ -83,6 +83,48 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
   }
 }
 
+// The tile kernels' plain build (CudaPlan::plain: no mask, rule, softcap, sink or split compiled in) gives the
+// bits of their general build (ATTNKIT_CUDA_PLAIN=0) on plain problems: partial tiles, padded row blocks, GQA,
+// a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched.
+TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
+  SKIP_WITHOUT_GPU();
+  struct Shape { std::int64_t batch, heads, kv, q, k, d; LayoutKind layout; };
+  for (const Shape s : {Shape{1, 12, 12, 128, 128, 32, LayoutKind::HeadFirst},
+                        Shape{2, 8, 2, 77, 129, 64, LayoutKind::Padded},
+                        Shape{8, 12, 12, 128, 128, 64, LayoutKind::HeadFirst},
+                        Shape{1, 4, 4, 300, 1500, 64, LayoutKind::PositionsFirst},
+                        Shape{2, 4, 1, 65, 1, 128, LayoutKind::HeadFirst},
+                        Shape{1, 16, 16, 200, 333, 128, LayoutKind::HeadFirst}}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "plain";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = s.q; spec.k_len = s.k;
+      spec.head_dim = s.d; spec.layout = s.layout; spec.lse = true;
+      SCOPED_TRACE(std::to_string(s.q) + " x " + std::to_string(s.k) + " d " + std::to_string(s.d) + " " +
+                   std::string(dtype_name(t)));
+      CaseData data(spec, t, 31);
+      DeviceMirror dev(data);
+      unsetenv("ATTNKIT_CUDA_PLAIN");
+      Attention plain(data.problem(), cuda_config());
+      const std::string kernel = plain.describe();
+      const bool tiles = kernel.find("wgmma") != std::string::npos || kernel.find("tensor-core") != std::string::npos;
+      if (tiles && s.layout != LayoutKind::Padded) {  // (Padded rows may start on odd elements: no pairs)
+        EXPECT_NE(kernel.find("plain"), std::string::npos) << kernel;
+      }
+      dev.run(plain);
+      const auto plain_bytes = data.output_bytes();
+      EXPECT_LE(data.scaled_error(data.reference()), tolerance(t)) << kernel;
+      EXPECT_TRUE(data.gaps_untouched());
+      setenv("ATTNKIT_CUDA_PLAIN", "0", 1);
+      Attention general(data.problem(), cuda_config());
+      unsetenv("ATTNKIT_CUDA_PLAIN");
+      EXPECT_EQ(general.describe().find("plain"), std::string::npos) << general.describe();
+      dev.run(general);
+      EXPECT_EQ(plain_bytes, data.output_bytes()) << kernel << " against " << general.describe();
+    }
+  }
+}
+
 // A prefill large enough that the default plan takes the Hopper wgmma kernel (on compute capability 9.0): causal
 // GQA with key lengths, a partial last tile (500 keys) and a row count that is not a multiple of 128.
 TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {

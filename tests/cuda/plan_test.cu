@@ -37,7 +37,7 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
 
 TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 85120 B shared, 132 SMs");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 85120 B shared, 132 SMs, plain");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 48);
@@ -50,7 +50,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 384 blocks of 128 rows, 85120 B shared, 132 SMs");
+            "cuda.wgmma 384 blocks of 128 rows, 85120 B shared, 132 SMs, plain");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -81,6 +81,28 @@ TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
   const CudaPlan b8 = plan_of(shape(8, 32, 8, 1, 32768, 128, true));
   EXPECT_EQ(b8.kernel, Kernel::Warpgroup);
   EXPECT_EQ(b8.splits, 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
+}
+
+TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
+  EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).plain);
+  EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 32, false)).plain) << "MiniLM, on the mma.sync kernel";
+  EXPECT_TRUE(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).plain) << "Whisper's encoder";
+  EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).plain);
+  EXPECT_FALSE(plan_of(shape(4, 16, 16, 4096, 4096, 128, false)).plain) << "long key ranges keep the general build";
+  EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, true)).plain) << "causal";
+  EXPECT_FALSE(plan_of(shape(1, 12, 12, 1, 1500, 64, false)).plain) << "split in key ranges";
+  EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, false, DType::f32)).plain) << "float32 (tf32 kernel)";
+  EXPECT_FALSE(plan_of(shape(2, 4, 4, 128, 128, 256, false)).plain) << "head dim 256";
+  AttentionProblem masked = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
+  masked.has_mask = true;
+  masked.mask = Layout::head_first(12, 128, 128);
+  EXPECT_FALSE(plan_of(core::normalize_and_check(masked)).plain) << "a mask";
+  AttentionProblem capped = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
+  capped.softcap = 30.0f;
+  EXPECT_FALSE(plan_of(core::normalize_and_check(capped)).plain) << "a softcap";
+  AttentionProblem odd = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
+  odd.o.offset = 1;
+  EXPECT_FALSE(plan_of(core::normalize_and_check(odd)).plain) << "output rows off pairs";
 }
 
 TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
