@@ -33,7 +33,7 @@ constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to wh
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
 // Key ranges up to which a plain problem runs the tile kernels' plain build. A one-tile block of it ran 16-18%
 // faster on the H200 (BERT and MiniLM at 128 tokens), 512 keys 7-9%, Whisper's 1500 5%; at 4096 keys the
-// general build was 1% faster (bench/results/2026-11-30-h200-plain-build.md).
+// general build was 1% faster (bench/results/2026-11-30-h200-cuda-plain-build.md).
 constexpr std::int64_t kPlainMaxKeys = 2048;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
