@@ -2,6 +2,7 @@
 # A/B of builds of the timing tool (bench/cuda_timing.cpp) in one device run: DIR holds timing_<variant> binaries
 # (and lib/ with the shared libraries they need, from scripts/gpu-bundle); every variant runs every case three
 # times, alternating, and the table keeps each one's fastest CUDA-graph time (float16). Raw lines: $OUT/ab.txt.
+# A variant `name@VAR=value` runs timing_name with that environment variable set (a plan switch, say).
 #   usage: bench/ab_timing.sh DIR variant [variant ...]   (the ratio column: last variant / first)
 set -euo pipefail
 dir=$1; shift
@@ -10,7 +11,9 @@ export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cases=${AB_CASES:-"minilm_b1_s128 minilm_b8_s128 bert_b1_s128 bert_b8_s128 bert_b1_s512 bert_b8_s512 whisper_enc whisper_dec whisper_cross llama8b_decode_b8 fa3_h64_s4k"}
 for round in 1 2 3; do
   for v in "$@"; do
-    for c in $cases; do "$dir/timing_$v" "$c" float16 | tail -n +2 | sed "s/^/$v r$round /"; done
+    bin=${v%%@*} setting=()
+    [[ "$v" == *@* ]] && setting=("${v#*@}")
+    for c in $cases; do env "${setting[@]}" "$dir/timing_$bin" "$c" float16 | tail -n +2 | sed "s/^/$v r$round /"; done
   done
 done >"$OUT/ab.txt"
 python3 - "$OUT/ab.txt" <<'PY'

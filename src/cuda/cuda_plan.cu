@@ -74,6 +74,17 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
 //   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan.
 
+// Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
+bool plain_problem(const AttentionProblem& p) {
+  // Two-byte output elements in pairs: every output row starts on 4 bytes (the run checks the base pointer).
+  const bool output_pairs =
+      p.o.offset % 2 == 0 && p.o.batch_stride % 2 == 0 && p.o.head_stride % 2 == 0 && p.o.row_stride % 2 == 0;
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
+         p.softcap.value_or(0.0f) == 0.0f && !p.causal && !quantized && output_pairs &&
+         env_value("ATTNKIT_CUDA_PLAIN") != "0";
+}
+
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
 CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, std::int64_t sms,
@@ -129,9 +140,12 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
     return CudaPlan::Kernel::DecodeMma;
   }
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
+  // In the plain build, a grid just past whole waves runs faster on the wgmma kernel too (Whisper's encoder,
+  // 144 blocks: 47.4 against 48.3 us on mma.sync; bench/results/2026-11-30-h200-cuda-plain-build.md).
   const bool whole_waves =
       (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
-      warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4;
+      warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
+      (plain_problem(p) && warpgroup_blocks * 4 >= sms);
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
@@ -203,14 +217,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
-  // Two-byte output elements in pairs: every output row starts on 4 bytes (the run checks the base pointer).
-  const bool output_pairs =
-      p.o.offset % 2 == 0 && p.o.batch_stride % 2 == 0 && p.o.head_stride % 2 == 0 && p.o.row_stride % 2 == 0;
-  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
-               plan.splits == 1 && p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask &&
-               !p.has_key_lengths && !p.has_head_sink && p.softcap.value_or(0.0f) == 0.0f && !p.causal &&
-               !quantized && output_pairs && env_value("ATTNKIT_CUDA_PLAIN") != "0";
+               plan.splits == 1 && plain_problem(p);
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()

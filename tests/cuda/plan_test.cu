@@ -55,11 +55,19 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
   EXPECT_EQ(llama_prefill.splits, 1);
-  // 144 blocks of 128 rows are one wave and 9% of another: the mma.sync kernel's 288 smaller blocks instead.
+  // 144 blocks of 128 rows are one wave and 9% of another: the mma.sync kernel's 288 smaller blocks instead,
+  // except in the plain build (no mask, rule, ...), where the wgmma kernel still runs it faster.
+  AttentionProblem masked = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 64, DType::f16);
+  masked.has_mask = true;
+  masked.mask = Layout::head_first(12, 1500, 1500);
+  const CudaPlan whisper_masked = plan_of(core::normalize_and_check(masked));
+  EXPECT_EQ(whisper_masked.kernel, Kernel::TensorCore);
+  EXPECT_EQ(whisper_masked.blocks, 12 * 24);
+  EXPECT_EQ(whisper_masked.splits, 1);
   const CudaPlan whisper_enc = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(whisper_enc.kernel, Kernel::TensorCore);
-  EXPECT_EQ(whisper_enc.blocks, 12 * 24);
-  EXPECT_EQ(whisper_enc.splits, 1);
+  EXPECT_EQ(whisper_enc.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(whisper_enc.blocks, 12 * 12);
+  EXPECT_TRUE(whisper_enc.plain);
 }
 
 TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
