@@ -550,10 +550,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::pin(a);
   }
   ATTNKIT_PHASE(7)
-  // V's scales act on the output columns (sum p (v * s) = s sum p v).
-  finish_rows<T, D, kBlockRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
-    return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
-  });
+  if constexpr (kPlain) {
+    // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
+    // (the last P V above could not start before every warp of the warpgroup had waited for its last S).
+    const int warp_row = (warp - 4) * 16;
+    finish_plain_rows<T, D, kBlockRows>(p, c, warp_row, rows, o, row_max, row_sum, [&](int r, int ch) {
+      return qs + swizzled_chunk(kBlockRows, warp_row + r, ch);
+    });
+  } else {
+    // V's scales act on the output columns (sum p (v * s) = s sum p v).
+    finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
+      return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
+    });
+  }
   ATTNKIT_PHASE(8)
   ATTNKIT_PHASES_PRINT("wgmma", 128)
 #else

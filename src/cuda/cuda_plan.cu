@@ -76,12 +76,11 @@ bool mma_aligned(const Layout& l, KvType type) {
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
 bool plain_problem(const AttentionProblem& p) {
-  // Two-byte output elements in pairs: every output row starts on 4 bytes (the run checks the base pointer).
-  const bool output_pairs =
-      p.o.offset % 2 == 0 && p.o.batch_stride % 2 == 0 && p.o.head_stride % 2 == 0 && p.o.row_stride % 2 == 0;
+  // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
+  const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
-         p.softcap.value_or(0.0f) == 0.0f && !p.causal && !quantized && output_pairs &&
+         p.softcap.value_or(0.0f) == 0.0f && !p.causal && !quantized && output_chunks &&
          env_value("ATTNKIT_CUDA_PLAIN") != "0";
 }
 

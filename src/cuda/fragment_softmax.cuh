@@ -306,23 +306,28 @@ __device__ __forceinline__ void add_tile_sums(float (&tile_sum)[2], float (&row_
   }
 }
 
+// Two elements as one 4-byte word (first in the low half), as a paired store writes them.
+template <class T>
+__device__ __forceinline__ std::uint32_t pair_bits(T first, T second) {
+  std::uint16_t a, b;
+  memcpy(&a, &first, 2);
+  memcpy(&b, &second, 2);
+  return static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b) << 16;
+}
+
 // Two elements at an address aligned to both: one store.
 template <class T>
 __device__ __forceinline__ void store_pair(T* at, T first, T second) {
   if constexpr (sizeof(T) == 4) {
     *reinterpret_cast<float2*>(at) = make_float2(first, second);
   } else {
-    std::uint16_t a, b;
-    memcpy(&a, &first, 2);
-    memcpy(&b, &second, 2);
-    *reinterpret_cast<std::uint32_t*>(at) = static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b) << 16;
+    *reinterpret_cast<std::uint32_t*>(at) = pair_bits(first, second);
   }
 }
 
 // Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
 // rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
-// kPlain (runs_plain): no partial, no sink, every output row on a pair boundary, rows from row_of (no tables).
-template <class T, int D, int kRows, bool kPlain = false, class VScale>
+template <class T, int D, int kRows, class VScale>
 __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCoord& c, const RowTables& t,
                                             std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
                                             const float (&row_max)[2], const float (&row_sum)[2],
@@ -333,8 +338,8 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const int r = r0 + half * 8;
     if (r >= rows) continue;
     const bool poisoned = isnan(row_sum[half]);
-    const RowOf row = kPlain ? row_of(p, c.kvh, c.row_block * kRows + r) : RowOf{t.head[r], t.query[r]};
-    if (!kPlain && p.partial != nullptr) {
+    const RowOf row{t.head[r], t.query[r]};
+    if (p.partial != nullptr) {
       float* part = p.partial + (block * kRows + r) * (3 + D);
       if (lane % 4 == 0) {
         part[0] = row_max[half];
@@ -349,13 +354,13 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
       }
       continue;
     }
-    const bool sink = !kPlain && p.has_sink;
+    const bool sink = p.has_sink;
     const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, sink,
                                                  sink ? p.sinks[row.head] : 0.0f, p.masked_rows);
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query);
     // A thread's two columns side by side: one store of both where the row allows (any layout may start a row
     // on an odd element), half the store instructions of the block's epilogue.
-    const bool paired = kPlain || reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
+    const bool paired = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
@@ -369,6 +374,49 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
       }
     }
     if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row.head, row.query)] = fin.lse;
+  }
+}
+
+// The plain build's finish (runs_plain: output rows on 16 bytes, no partial, no sink). A warp normalises its 16
+// rows into a staging tile in shared memory (its own rows of the Q tile, which no one reads after its last S),
+// then writes them out in 16-byte chunks, consecutive lanes on consecutive chunks of a row: whole 128-byte lines
+// where rows are contiguous. finish_rows' 4-byte pair stores touch 8 rows (8 lines) per instruction, and the
+// finish was ~2,000 cycles of a one-tile block (bench/results/2026-11-30-h200-cuda-plain-build.md). The values
+// and their rounding are finish_rows': the plain build gives the general build's bits.
+// warp_row: the warp's first row in the block (of kRows); rows: the block's rows that exist; chunk_at(r, ch):
+// the staging bytes of 16-byte chunk ch (8 columns) of the warp's row r (0-15), in the caller's swizzle.
+template <class T, int D, int kRows, class ChunkAt>
+__device__ __forceinline__ void finish_plain_rows(const KernelParams& p, const BlockCoord& c, int warp_row, int rows,
+                                                  const float (&o)[D / 8][4], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], ChunkAt chunk_at) {
+  static_assert(sizeof(T) == 2, "the plain build is float16 / bfloat16");
+  constexpr int kChunks = D / 8;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane / 4 + half * 8;
+    const core::RowFinish fin =
+        core::finish_row({row_max[half], row_sum[half], isnan(row_sum[half])}, false, 0.0f, p.masked_rows);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const T first = from_float<T>(finished_value(fin, o[j][half * 2]));
+      const T second = from_float<T>(finished_value(fin, o[j][half * 2 + 1]));
+      *reinterpret_cast<std::uint32_t*>(chunk_at(r, j) + (lane % 4) * 4) = pair_bits(first, second);
+    }
+    if (p.return_lse && lane % 4 == 0 && warp_row + r < rows) {
+      const RowOf row = row_of(p, c.kvh, c.row_block * kRows + warp_row + r);
+      p.lse[p.llse.index(c.b, row.head, row.query)] = fin.lse;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int e = lane; e < 16 * kChunks; e += 32) {
+    const int r = e / kChunks, ch = e % kChunks;
+    if (warp_row + r < rows) {
+      const RowOf row = row_of(p, c.kvh, c.row_block * kRows + warp_row + r);
+      T* at = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query) + ch * 8;
+      *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(chunk_at(r, ch));
+    }
   }
 }
 

@@ -288,9 +288,10 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
 // MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
 // (CudaPlan::plain, for short key ranges); this re-checks what only the launch knows, and the rest.
 inline bool runs_plain(const KernelParams& p) {
-  const bool pairs = reinterpret_cast<std::uintptr_t>(p.o) % 4 == 0 && p.lo.offset % 2 == 0 &&
-                     p.lo.batch_stride % 2 == 0 && p.lo.head_stride % 2 == 0 && p.lo.row_stride % 2 == 0;
-  return p.plain && pairs && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+  // Output rows on 16 bytes (finish_plain_rows writes 16-byte chunks).
+  const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
+                      p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
+  return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
          p.v_type == KvType::Float && p.partial == nullptr && p.splits == 1 && p.inputs_ready && p.fast_coords &&
          !p.heavy_first;

@@ -111,6 +111,9 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   AttentionProblem odd = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
   odd.o.offset = 1;
   EXPECT_FALSE(plan_of(core::normalize_and_check(odd)).plain) << "output rows off pairs";
+  AttentionProblem paired = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
+  paired.o.offset = 2;
+  EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
 TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
