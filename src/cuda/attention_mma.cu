@@ -298,18 +298,7 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-  if constexpr (kPlain) {
-    // Staged where the K tiles were (the loop ended on a barrier with no copy in flight), in rows padded by 16
-    // bytes: the 8 rows of a pair store fall in different banks, and a row's chunks are immediate offsets of
-    // one address.
-    constexpr int kStagedRowBytes = D * static_cast<int>(sizeof(T)) + 16;
-    static_assert(kRows * kStagedRowBytes <= 2 * kBuffers * kTileKeys * D * static_cast<int>(sizeof(T)));
-    auto* staged = reinterpret_cast<std::uint8_t*>(ks) + warp * 16 * kStagedRowBytes;
-    finish_plain_rows<T, D, kRows>(p, c, warp * 16, rows, o, row_max, row_sum,
-                                   [&](int r, int ch) { return staged + r * kStagedRowBytes + ch * 16; });
-  } else {
-    finish_rows<T, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
-  }
+  finish_rows<T, D, kRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
   ATTNKIT_PHASE(6)
   ATTNKIT_PHASES_PRINT("mma", 0)
 }

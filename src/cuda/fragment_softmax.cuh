@@ -327,7 +327,9 @@ __device__ __forceinline__ void store_pair(T* at, T first, T second) {
 
 // Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
 // rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
-template <class T, int D, int kRows, class VScale>
+// kPlain (runs_plain; the mma.sync kernel's plain build): no partial, no sink, every output row on a pair
+// boundary, rows from row_of (no tables).
+template <class T, int D, int kRows, bool kPlain = false, class VScale>
 __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCoord& c, const RowTables& t,
                                             std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
                                             const float (&row_max)[2], const float (&row_sum)[2],
@@ -338,8 +340,8 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const int r = r0 + half * 8;
     if (r >= rows) continue;
     const bool poisoned = isnan(row_sum[half]);
-    const RowOf row{t.head[r], t.query[r]};
-    if (p.partial != nullptr) {
+    const RowOf row = kPlain ? row_of(p, c.kvh, c.row_block * kRows + r) : RowOf{t.head[r], t.query[r]};
+    if (!kPlain && p.partial != nullptr) {
       float* part = p.partial + (block * kRows + r) * (3 + D);
       if (lane % 4 == 0) {
         part[0] = row_max[half];
@@ -354,13 +356,13 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
       }
       continue;
     }
-    const bool sink = p.has_sink;
+    const bool sink = !kPlain && p.has_sink;
     const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, sink,
                                                  sink ? p.sinks[row.head] : 0.0f, p.masked_rows);
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query);
     // A thread's two columns side by side: one store of both where the row allows (any layout may start a row
     // on an odd element), half the store instructions of the block's epilogue.
-    const bool paired = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
+    const bool paired = kPlain || reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
@@ -377,12 +379,12 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
   }
 }
 
-// The plain build's finish (runs_plain: output rows on 16 bytes, no partial, no sink). A warp normalises its 16
-// rows into a staging tile in shared memory (its own rows of the Q tile, which no one reads after its last S),
-// then writes them out in 16-byte chunks, consecutive lanes on consecutive chunks of a row: whole 128-byte lines
-// where rows are contiguous. finish_rows' 4-byte pair stores touch 8 rows (8 lines) per instruction, and the
-// finish was ~2,000 cycles of a one-tile block (bench/results/2026-11-30-h200-cuda-plain-build.md). The values
-// and their rounding are finish_rows': the plain build gives the general build's bits.
+// The wgmma kernel's plain finish (runs_plain: output rows on 16 bytes, no partial, no sink). A warp normalises
+// its 16 rows into a staging tile in shared memory (its own rows of the Q tile, which no one reads after its
+// last S), then writes them out in 16-byte chunks, consecutive lanes on consecutive chunks of a row: whole
+// 128-byte lines where rows are contiguous. finish_rows' 4-byte pair stores touch 8 rows (8 lines) per
+// instruction. The values and their rounding are finish_rows': the plain build gives the general build's bits.
+// (The mma.sync kernel's 64-row blocks ran 2-5% slower so: bench/results/2026-11-30-h200-cuda-staged-finish.md.)
 // warp_row: the warp's first row in the block (of kRows); rows: the block's rows that exist; chunk_at(r, ch):
 // the staging bytes of 16-byte chunk ch (8 columns) of the warp's row r (0-15), in the caller's swizzle.
 template <class T, int D, int kRows, class ChunkAt>

@@ -288,7 +288,7 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
 // MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
 // (CudaPlan::plain, for short key ranges); this re-checks what only the launch knows, and the rest.
 inline bool runs_plain(const KernelParams& p) {
-  // Output rows on 16 bytes (finish_plain_rows writes 16-byte chunks).
+  // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
   return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
