@@ -551,12 +551,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   ATTNKIT_PHASE(7)
   if constexpr (kPlain) {
-    // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
-    // (the last P V above could not start before every warp of the warpgroup had waited for its last S).
-    const int warp_row = (warp - 4) * 16;
-    finish_plain_rows<T, D, kBlockRows>(p, c, warp_row, rows, o, row_max, row_sum, [&](int r, int ch) {
-      return qs + swizzled_chunk(kBlockRows, warp_row + r, ch);
-    });
+    if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
+      store_partial_rows<D>(p.partial + (block - p.tail_block) * kBlockRows * (3 + D), r0, rows, o, row_max, row_sum,
+                            [](int) { return 1.0f; });
+    } else {
+      // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
+      // (the last P V above could not start before every warp of the warpgroup had waited for its last S).
+      const int warp_row = (warp - 4) * 16;
+      finish_plain_rows<T, D, kBlockRows>(p, c, warp_row, rows, o, row_max, row_sum, [&](int r, int ch) {
+        return qs + swizzled_chunk(kBlockRows, warp_row + r, ch);
+      });
+    }
   } else {
     // V's scales act on the output columns (sum p (v * s) = s sum p v).
     finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {

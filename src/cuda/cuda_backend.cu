@@ -72,6 +72,9 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.row_blocks = plan.row_blocks;
   k.splits = plan.splits;
   k.split_keys = plan.split_keys;
+  k.tail_block = plan.tail_block;
+  k.tail_pieces = plan.tail_pieces;
+  k.tail_piece_keys = plan.tail_piece_keys;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const bool heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
   std::int64_t heavy_group = 0;
@@ -176,6 +179,10 @@ std::string describe(const CudaPlan& plan) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys";
   }
   if (plan.plain) s += ", plain";
+  if (plan.tail_pieces > 1) {
+    s += ", tail of " + std::to_string((plan.blocks - plan.tail_block) / plan.tail_pieces) + " row blocks in " +
+         std::to_string(plan.tail_pieces) + " x " + std::to_string(plan.tail_piece_keys) + " keys";
+  }
   return s;
 }
 
@@ -209,7 +216,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   auto* flag = static_cast<int*>(scratch);
   WarpgroupMaps maps{};
   const bool falls_back = !special_kernel_runs(p, a, chosen, maps);
-  const CudaPlan plan = falls_back ? plan_for(p, false, device_traits(p)) : chosen;
+  CudaPlan plan = falls_back ? plan_for(p, false, device_traits(p)) : chosen;
   if (rotary != nullptr && (plan.kernel != CudaPlan::Kernel::Warpgroup ||
                             !query_rotary_loads_chunks(*rotary, dtype_size(p.dtype)))) {
     throw RuntimeError("a query rotary reached a CUDA plan that cannot apply it (" + describe(plan) + ")");
@@ -235,6 +242,16 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
   params.plain = plan.plain;
+  if (plan.tail_pieces > 1 && !runs_plain(params)) {
+    // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
+    // blocks then, with no partial.
+    plan.blocks = plan.tail_block + (plan.blocks - plan.tail_block) / plan.tail_pieces;
+    plan.tail_block = plan.tail_pieces = plan.tail_piece_keys = 0;
+    plan.partial_bytes = 0;
+    params = make_params(p, a, plan, nullptr);
+    if (rotary != nullptr) params.rotary = *rotary;
+    params.plain = plan.plain;
+  }
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
@@ -271,14 +288,21 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     }
     check_cuda(cudaGetLastError(), "the attention kernel launch");
   }
+  // The merge pass waits for the attention kernel it follows (ours, in the same call) before it reads a
+  // partial, so it is always launched to overlap that kernel's tail (sm_90): its launch latency passes while
+  // the last blocks of the attention grid run.
+  const bool merge_pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0" &&
+                         device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   if (plan.splits > 1) {
-    // The merge pass waits for the attention kernel it follows (ours, in the same call) before it reads a
-    // partial, so it is always launched to overlap that kernel's tail (sm_90): its launch latency passes while
-    // the last blocks of the attention grid run.
-    const bool merge_pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0" &&
-                           device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
     launch_merge(params, p.dtype, plan.row_block, stream, merge_pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
+  } else if (plan.tail_pieces > 1) {
+    // The split tail's row blocks: tail_pieces ranges each, their partials from the buffer's start.
+    KernelParams tail = params;
+    tail.splits = plan.tail_pieces;
+    tail.div.splits = core::FastDivide(static_cast<std::uint32_t>(plan.tail_pieces));
+    launch_merge(tail, p.dtype, plan.row_block, stream, merge_pdl, plan.tail_block);
+    check_cuda(cudaGetLastError(), "the split tail's merge launch");
   }
 }
 

@@ -36,6 +36,11 @@ struct CudaPlan {
   // The tile kernel's plain build (no mask, rule, softcap, sink or split compiled in; runs_plain in
   // kernel_params.cuh), for short key ranges where a block's prologue and finish weigh.
   bool plain = false;
+  // A split tail (the wgmma kernel's plain build): a grid of one-block-per-SM row blocks just past whole waves
+  // would end on a last wave of a few SMs; instead the row blocks from tail_block on each run as tail_pieces
+  // blocks over key ranges of tail_piece_keys, which fill the SMs as the whole blocks end, and a merge pass
+  // folds their partials. tail_pieces 0: none.
+  std::int64_t tail_block = 0, tail_pieces = 0, tail_piece_keys = 0;
 };
 
 CudaPlan plan(const AttentionProblem& problem);

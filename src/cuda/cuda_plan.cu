@@ -36,6 +36,11 @@ constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized c
 // general build was 1% faster (bench/results/2026-11-30-h200-cuda-plain-build.md).
 constexpr std::int64_t kPlainMaxKeys = 2048;
 
+// A split tail's ranges hold at least this many of the wgmma kernel's 128-key tiles (a block's prologue and its
+// partial cost about one tile), and a tail is split only where the whole row blocks run at least this many.
+constexpr std::int64_t kTailPieceTiles = 2;
+constexpr std::int64_t kTailMinTiles = 4;
+
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // The tensor-core kernel copies rows in 16-byte chunks: every row of Q, K and V must start on 16 bytes.
@@ -72,7 +77,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   still holds);
 //   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
 //   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
-//   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan.
+//   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan;
+//   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan.
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
 bool plain_problem(const AttentionProblem& p) {
@@ -218,16 +224,32 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.blocks = base_blocks * plan.splits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
                plan.splits == 1 && plain_problem(p);
+  // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
+  // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
+  // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
+  if (plan.plain && warpgroup && plan.splits == 1 && env_value("ATTNKIT_CUDA_TAIL") != "0") {
+    const std::int64_t tail = base_blocks % sms;
+    const std::int64_t tiles = ceil_div(p.k_len, kWarpgroupTileKeys);
+    if (base_blocks > sms && tail > 0 && 2 * tail <= sms && tiles >= kTailMinTiles) {
+      const std::int64_t piece_tiles = std::max(kTailPieceTiles, ceil_div(tail * tiles, sms));
+      const std::int64_t pieces = ceil_div(tiles, piece_tiles);
+      if (pieces > 1) {
+        plan.tail_block = base_blocks - tail;
+        plan.tail_pieces = pieces;
+        plan.tail_piece_keys = piece_tiles * kWarpgroupTileKeys;
+        plan.blocks = plan.tail_block + tail * pieces;
+      }
+    }
+  }
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                     : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
-  plan.partial_bytes =
-      plan.splits > 1
-          ? static_cast<std::size_t>(plan.blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float)
-          : 0;
+  const std::int64_t partial_blocks =
+      plan.splits > 1 ? plan.blocks : plan.tail_pieces > 1 ? plan.blocks - plan.tail_block : 0;
+  plan.partial_bytes = static_cast<std::size_t>(partial_blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float);
   plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
   return plan;
 }

@@ -85,6 +85,7 @@ void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream
 // block (quantized: 64). Launch only on a compute capability 9.0 device, with the TMA descriptors of K and V from
 // warpgroup_maps (false: TMA cannot describe the layout).
 inline constexpr std::int64_t kWarpgroupRows = 128;
+inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 struct WarpgroupMaps {
   CUtensorMap k, v;
 };
@@ -128,7 +129,10 @@ void launch_output_qk(const KernelParams& p, DType dtype, bool after_softmax, co
 // split_merge.cu: folds the split-K partials of each row in range order and writes O (and the LSE).
 // overlap: a programmatic dependent launch after the attention kernel that wrote the partials (the merge waits
 // for it before reading them).
-void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap);
+// Merges the partials of p.splits ranges per row block, for the row blocks (whole-block indices) from first_base
+// on (a split tail's; 0: every row block).
+void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap,
+                  std::int64_t first_base = 0);
 
 // split_merge.cu: first key_lengths index outside [0, k_len] into *bad (-1 when all are in range).
 void launch_check_key_lengths(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad,

@@ -45,13 +45,17 @@ struct KernelParams {
   std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
   std::int64_t group, group_rows, row_blocks, splits, split_keys;
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
+  // A split tail (CudaPlan::tail_pieces > 1; the wgmma kernel's plain build): whole blocks up to block
+  // tail_block, then each later row block as tail_pieces blocks over key ranges of tail_piece_keys, which leave
+  // their partials in `partial` (tail pieces only) for the merge pass (plain_block_coord).
+  std::int64_t tail_block, tail_pieces, tail_piece_keys;
   bool heavy_first;          // a causal rule: row blocks in descending order of their keys (block_coord)
   std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
   // Blocks and rows below 2^31 (any launch that fits in memory): block_coord and row_of divide by these instead
   // of 64-bit divisions, which were a large share of a short sequence's block prologue.
   bool fast_coords;
   struct Divisors {
-    core::FastDivide splits, row_blocks, kv_heads, group, heavy_blocks, heavy_pairs, last_pairs;
+    core::FastDivide splits, row_blocks, kv_heads, group, heavy_blocks, heavy_pairs, last_pairs, tail_pieces;
   } div;
   // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
   KvType k_type, v_type;
@@ -275,6 +279,7 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
   k.div.row_blocks = divide_by(k.row_blocks);
   k.div.kv_heads = divide_by(k.kv_heads);
   k.div.group = divide_by(k.group);
+  k.div.tail_pieces = divide_by(k.tail_pieces);
   if (k.heavy_first) {
     k.div.heavy_blocks = divide_by(k.heavy_group * k.row_blocks);
     k.div.heavy_pairs = divide_by(k.heavy_group);
@@ -282,8 +287,8 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
   }
 }
 
-// A plain problem: no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split, every
-// output row on a pair boundary (two 2-byte elements), and the launch's inputs ready at its start. The tile
+// A plain problem: no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split (but a
+// split tail), every output row on 16 bytes, and the launch's inputs ready at its start. The tile
 // kernels have a build for it with none of those compiled in (their `kPlain`): the encoder layers of BERT,
 // MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
 // (CudaPlan::plain, for short key ranges); this re-checks what only the launch knows, and the rest.
@@ -293,22 +298,36 @@ inline bool runs_plain(const KernelParams& p) {
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
   return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
-         p.v_type == KvType::Float && p.partial == nullptr && p.splits == 1 && p.inputs_ready && p.fast_coords &&
-         !p.heavy_first;
+         p.v_type == KvType::Float && (p.partial == nullptr || p.tail_pieces > 1) && p.splits == 1 &&
+         p.inputs_ready && p.fast_coords && !p.heavy_first;
 }
 
-// block_coord of a plain problem (one key range, index order, fast_coords).
-__device__ __forceinline__ BlockCoord plain_block_coord(const KernelParams& p, std::int64_t block) {
+// Whether `block` of a plain launch is a piece of a split tail row block (it leaves a partial).
+__host__ __device__ __forceinline__ bool is_tail_piece(const KernelParams& p, std::int64_t block) {
+  return p.tail_pieces > 1 && block >= p.tail_block;
+}
+
+// block_coord of a plain problem (index order, fast_coords): one key range, or a piece of a split tail row block
+// (its piece varies fastest).
+__host__ __device__ __forceinline__ BlockCoord plain_block_coord(const KernelParams& p, std::int64_t block) {
   BlockCoord c;
-  const auto index = static_cast<std::uint32_t>(block);
+  auto index = static_cast<std::uint32_t>(block);
+  c.split = 0;
+  c.key_begin = 0;
+  c.key_end = p.k_len;
+  if (is_tail_piece(p, block)) {
+    const auto in_tail = static_cast<std::uint32_t>(block - p.tail_block);
+    const std::uint32_t n = p.div.tail_pieces.quotient(in_tail);
+    c.split = p.div.tail_pieces.remainder(in_tail, n);
+    index = static_cast<std::uint32_t>(p.tail_block) + n;
+    c.key_begin = c.split * p.tail_piece_keys;
+    c.key_end = min64(p.k_len, c.key_begin + p.tail_piece_keys);
+  }
   const std::uint32_t pair = p.div.row_blocks.quotient(index);
   c.row_block = p.div.row_blocks.remainder(index, pair);
   const std::uint32_t b = p.div.kv_heads.quotient(pair);
   c.kvh = p.div.kv_heads.remainder(pair, b);
   c.b = b;
-  c.split = 0;
-  c.key_begin = 0;
-  c.key_end = p.k_len;
   return c;
 }
 

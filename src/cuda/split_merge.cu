@@ -17,11 +17,14 @@ constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are fo
 // lane's columns move onto the new max together. The fold is a short chain of multiply-adds; what costs is
 // reading the partials, so lane j loads the state of split j of each group of 32 (shuffled to every lane when
 // its turn comes) and the columns of 8 splits are loaded before any of them is folded.
+// first_base: the row block (a whole-block index) of blockIdx.x 0, whose partials start the buffer (a split
+// tail's merge: CudaPlan::tail_pieces ranges per row block, from its first split row block on).
 template <class T>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block) {
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block,
+                                                              std::int64_t first_base) {
   wait_for_prior_grids();  // launched to overlap the attention kernel that writes the partials
   const std::int64_t base = blockIdx.x;
-  const BlockCoord c = block_coord(p, base * p.splits);
+  const BlockCoord c = block_coord(p, (first_base + base) * p.splits);
   const std::int64_t first_row = c.row_block * row_block;
   const std::int64_t rows = min64(row_block, p.group_rows - first_row);
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * kMergeWarps + threadIdx.x / 32;
@@ -95,14 +98,19 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
 
 }  // namespace
 
-void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap) {
-  const dim3 blocks(static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks),
+void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap,
+                  std::int64_t first_base) {
+  const dim3 blocks(static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks - first_base),
                     static_cast<unsigned>((row_block + kMergeWarps - 1) / kMergeWarps));
   switch (dtype) {
-    case DType::f32: launch_kernel(merge_kernel<float>, blocks, kMergeThreads, 0, stream, overlap, p, row_block); break;
-    case DType::f16: launch_kernel(merge_kernel<__half>, blocks, kMergeThreads, 0, stream, overlap, p, row_block); break;
+    case DType::f32:
+      launch_kernel(merge_kernel<float>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
+      break;
+    case DType::f16:
+      launch_kernel(merge_kernel<__half>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
+      break;
     case DType::bf16:
-      launch_kernel(merge_kernel<__nv_bfloat16>, blocks, kMergeThreads, 0, stream, overlap, p, row_block);
+      launch_kernel(merge_kernel<__nv_bfloat16>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
       break;
   }
 }

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <tuple>
@@ -111,6 +112,49 @@ TEST(BlockOrder, RowsOfAKvHeadAreQueryMajor) {
           EXPECT_TRUE(r.head >= kvh * group && r.head < (kvh + 1) * group && r.query < q_len);
         }
       }
+    }
+  }
+}
+
+// A plain launch with a split tail: blocks before tail_block are the whole row blocks block_coord gives them, and
+// each later row block is tail_pieces consecutive blocks whose key ranges tile [0, k_len) in order.
+TEST(BlockOrder, ASplitTailCoversEachOfItsRowBlocksKeysOnceInOrder) {
+  for (std::int64_t piece_tiles : {1, 2, 3, 7}) {
+    for (std::int64_t tail_block : {0, 7, 13}) {
+      KernelParams k = shape(2, 3, 3, 1);  // 18 row blocks of 1000 keys: 8 tiles of 128
+      const std::int64_t pieces = (8 + piece_tiles - 1) / piece_tiles;  // as the plan counts them
+      k.tail_block = tail_block;
+      k.tail_pieces = pieces;
+      k.tail_piece_keys = 128 * piece_tiles;
+      cuda::set_block_order(k, false, 0);
+      KernelParams whole = k;
+      whole.tail_pieces = 0;
+      const std::int64_t row_blocks = k.batch * k.kv_heads * k.row_blocks;
+      std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t>> seen;
+      std::int64_t block = 0;
+      for (; block < tail_block; ++block) {
+        ASSERT_FALSE(cuda::is_tail_piece(k, block));
+        const BlockCoord c = cuda::plain_block_coord(k, block);
+        const BlockCoord w = block_coord(whole, block);
+        ASSERT_EQ(std::make_tuple(c.b, c.kvh, c.row_block, c.split, c.key_begin, c.key_end),
+                  std::make_tuple(w.b, w.kvh, w.row_block, std::int64_t{0}, std::int64_t{0}, k.k_len));
+      }
+      for (std::int64_t row_block = tail_block; row_block < row_blocks; ++row_block) {
+        const BlockCoord w = block_coord(whole, row_block);
+        std::int64_t next_key = 0;
+        for (std::int64_t piece = 0; piece < pieces; ++piece, ++block) {
+          ASSERT_TRUE(cuda::is_tail_piece(k, block));
+          const BlockCoord c = cuda::plain_block_coord(k, block);
+          ASSERT_EQ(std::make_tuple(c.b, c.kvh, c.row_block, c.split), std::make_tuple(w.b, w.kvh, w.row_block, piece))
+              << "block " << block;
+          EXPECT_EQ(c.key_begin, std::min(next_key, k.k_len)) << "block " << block;
+          EXPECT_EQ(c.key_begin % 128, 0);
+          next_key = c.key_end;
+          EXPECT_TRUE(seen.insert({c.b, c.kvh, c.row_block}).second || piece > 0);
+        }
+        EXPECT_EQ(next_key, k.k_len) << "row block " << row_block;
+      }
+      EXPECT_EQ(static_cast<std::int64_t>(seen.size()), row_blocks - tail_block);
     }
   }
 }

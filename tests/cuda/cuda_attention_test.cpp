@@ -125,6 +125,51 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   }
 }
 
+// A plain grid just past whole waves of the wgmma kernel (an H200: 132 SMs) splits its tail row blocks in key
+// ranges merged after (CudaPlan::tail_pieces): against the reference (O and the LSE, the gaps untouched), the same
+// bytes in a second run and cut into one-block launches, and within the tolerance of the unsplit plan.
+TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device));
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (DType t : {DType::f16, DType::bf16}) {
+    CaseSpec spec;
+    spec.name = "tail";
+    spec.batch = 1; spec.heads = sms + 4; spec.kv_heads = sms + 4; spec.q_len = 100; spec.k_len = 600;
+    spec.head_dim = 64; spec.lse = true;
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    CaseData data(spec, t, 41);
+    const auto ref = data.reference();
+    DeviceMirror dev(data);
+    Attention op(data.problem(), cuda_config());
+    const std::string kernel = op.describe();
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device));
+    if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+      EXPECT_NE(kernel.find("tail of 4 row blocks in 3 x 256 keys"), std::string::npos) << kernel;
+    }
+    dev.run(op);
+    EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+    EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+    EXPECT_TRUE(data.gaps_untouched());
+    const auto first = data.output_bytes();
+    dev.run(op);
+    EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
+    AttentionProblem cut_problem = data.problem();
+    cut_problem.work_budget = 1;  // one block per launch
+    Attention cut(cut_problem, cuda_config());
+    dev.run(cut);
+    EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+    setenv("ATTNKIT_CUDA_TAIL", "0", 1);
+    Attention whole(data.problem(), cuda_config());
+    unsetenv("ATTNKIT_CUDA_TAIL");
+    EXPECT_EQ(whole.describe().find("tail"), std::string::npos) << whole.describe();
+    dev.run(whole);
+    EXPECT_LE(data.scaled_error(ref), tolerance(t)) << whole.describe();
+  }
+}
+
 // A prefill large enough that the default plan takes the Hopper wgmma kernel (on compute capability 9.0): causal
 // GQA with key lengths, a partial last tile (500 keys) and a row count that is not a multiple of 128.
 TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {

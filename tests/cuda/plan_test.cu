@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace attnkit::test {
 namespace {
@@ -66,7 +67,7 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(whisper_masked.splits, 1);
   const CudaPlan whisper_enc = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
   EXPECT_EQ(whisper_enc.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(whisper_enc.blocks, 12 * 12);
+  EXPECT_EQ(whisper_enc.blocks, 132 + 12 * 6) << "the 12 row blocks past the first wave split in 6 ranges";
   EXPECT_TRUE(whisper_enc.plain);
 }
 
@@ -114,6 +115,25 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   AttentionProblem paired = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
   paired.o.offset = 2;
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
+}
+
+// A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder: 144 row
+// blocks of 12 tiles on 132 SMs); a tail of half the SMs or more, a short key range, a grid of one wave, the
+// general build and ATTNKIT_CUDA_TAIL=0 do not.
+TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
+  const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
+  EXPECT_EQ(cuda::describe(whisper),
+            "cuda.wgmma 204 blocks of 128 rows, 85120 B shared, 132 SMs, plain, tail of 12 row blocks in 6 x 256 keys");
+  EXPECT_EQ(whisper.tail_block, 132);
+  EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 64) * sizeof(float));
+  EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "384 blocks: a tail of 120";
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
+  EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, true)).tail_pieces, 0) << "causal: the general build";
+  setenv("ATTNKIT_CUDA_TAIL", "0", 1);
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).tail_pieces, 0);
+  unsetenv("ATTNKIT_CUDA_TAIL");
 }
 
 TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
