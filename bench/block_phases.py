@@ -2,7 +2,10 @@
 """Sums up the cycle marks a build with ATTNKIT_CUDA_PHASES prints (src/cuda/block_phases.cuh): per kernel, the
 median and range of each phase's cycles over the printed blocks, and of the blocks' global-timer durations.
 
-  usage: attnkit_cuda_timing_phases CASE DTYPE | python3 bench/block_phases.py [--markdown]
+  usage: attnkit_cuda_timing_phases CASE DTYPE | python3 bench/block_phases.py [--markdown] [--timeline]
+
+--timeline adds, for the last launch of each kernel, every printed block's start and end on the global timer
+(microseconds from the launch's first start): which blocks ran in which wave, and when the launch ended.
 """
 import re
 import statistics
@@ -20,14 +23,16 @@ LINE = re.compile(r"^phases (\S+) block (\d+) start_ns (\d+) end_ns (\d+) cycles
 
 def main():
     markdown = "--markdown" in sys.argv
-    per_kernel = {}
+    timeline = "--timeline" in sys.argv
+    per_kernel, spans = {}, {}
     for line in sys.stdin:
         m = LINE.match(line.strip())
         if not m:
             continue
-        kernel, _, start, end, rest = m.groups()
+        kernel, block, start, end, rest = m.groups()
         values = [None if v == "-" else int(v) for v in rest.split()]
         per_kernel.setdefault(kernel, []).append((int(end) - int(start), values))
+        spans.setdefault(kernel, []).append((int(start), int(end), int(block)))
     for kernel, rows in per_kernel.items():
         names = NAMES.get(kernel, [f"mark {i}" for i in range(1, 10)])
         out = [f"{kernel}: {len(rows)} blocks printed"]
@@ -42,7 +47,23 @@ def main():
         ns = [d for d, _ in rows]
         block = f"{statistics.median(ns) / 1000:.2f} us ({min(ns) / 1000:.2f}-{max(ns) / 1000:.2f})"
         out.append(f"| block, start to end | {block} | |" if markdown else f"  {'block, start to end':28s} {block}")
+        if timeline:
+            out += ["", last_launch(spans[kernel])]
         print("\n".join(out) + "\n")
+
+
+def last_launch(spans):
+    """The printed blocks of the kernel's last launch (a launch starts where block 0 does), in start order."""
+    spans = sorted(spans)
+    firsts = [i for i, (_, _, block) in enumerate(spans) if block == 0]
+    if not firsts:
+        return "(no block 0 printed)"
+    launch = spans[firsts[-1]:]
+    t0 = launch[0][0]
+    rows = ["| block | start us | end us |", "|---|---|---|"]
+    rows += [f"| {block} | {(start - t0) / 1000:.2f} | {(end - t0) / 1000:.2f} |" for start, end, block in launch]
+    rows.append(f"| launch | 0.00 | {(max(e for _, e, _ in launch) - t0) / 1000:.2f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
