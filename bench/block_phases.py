@@ -4,8 +4,8 @@ median and range of each phase's cycles over the printed blocks, and of the bloc
 
   usage: attnkit_cuda_timing_phases CASE DTYPE | python3 bench/block_phases.py [--markdown] [--timeline]
 
---timeline adds, for the last launch of each kernel, every printed block's start and end on the global timer
-(microseconds from the launch's first start): which blocks ran in which wave, and when the launch ended.
+--timeline adds every printed block's start and end on the global timer (microseconds from its launch's first
+start, the median over launches): which blocks ran in which wave, and when the launch ended.
 """
 import re
 import statistics
@@ -53,16 +53,28 @@ def main():
 
 
 def last_launch(spans):
-    """The printed blocks of the kernel's last launch (a launch starts where block 0 does), in start order."""
+    """Every printed block's start and end from its launch's first start (a launch starts where block 0 does),
+    the median over the launches whose block 0 was printed, in block order."""
     spans = sorted(spans)
-    firsts = [i for i, (_, _, block) in enumerate(spans) if block == 0]
-    if not firsts:
+    launches, current = [], None
+    for start, end, block in spans:
+        if block == 0:
+            current = {}
+            launches.append(current)
+        if current is not None:
+            current[block] = (start, end)
+    if not launches:
         return "(no block 0 printed)"
-    launch = spans[firsts[-1]:]
-    t0 = launch[0][0]
-    rows = ["| block | start us | end us |", "|---|---|---|"]
-    rows += [f"| {block} | {(start - t0) / 1000:.2f} | {(end - t0) / 1000:.2f} |" for start, end, block in launch]
-    rows.append(f"| launch | 0.00 | {(max(e for _, e, _ in launch) - t0) / 1000:.2f} |")
+    per_block = {}
+    for launch in launches:
+        t0 = min(s for s, _ in launch.values())
+        for block, (start, end) in launch.items():
+            per_block.setdefault(block, []).append(((start - t0) / 1000, (end - t0) / 1000))
+    rows = [f"{len(launches)} launches", "", "| block | start us | end us | launches |", "|---|---|---|---|"]
+    for block in sorted(per_block):
+        v = per_block[block]
+        rows.append(f"| {block} | {statistics.median(x for x, _ in v):.2f} | {statistics.median(y for _, y in v):.2f} "
+                    f"| {len(v)} |")
     return "\n".join(rows)
 
 
