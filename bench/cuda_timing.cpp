@@ -4,6 +4,7 @@
 // a kernel in one device run; the numbers that count come from bench/bench_cuda.py, side by side with PyTorch
 // in one process.
 //   usage: attnkit_cuda_timing [case-substring [dtype]]
+//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal] [dtype]   (one shape of your own, head-first)
 #include <attnkit/attention.hpp>
 
 #include <cuda_runtime.h>
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   const std::string only_case = argc > 1 ? argv[1] : "";
   const std::string only_dtype = argc > 2 ? argv[2] : "";
   struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
-  const Case cases[] = {
+  std::vector<Case> cases = {
       {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
       {"bert_b1_s128", 1, 12, 12, 128, 128, 64, false},     {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
       {"bert_b1_s512", 1, 12, 12, 512, 512, 64, false},
@@ -33,12 +34,24 @@ int main(int argc, char** argv) {
       {"llama8b_decode_b64_k4k_gqa", 64, 32, 8, 1, 4096, 128, true},
       {"llama8b_decode_b8_k32k_gqa", 8, 32, 8, 1, 32768, 128, true},
   };
+  if (only_case.rfind("shape:", 0) == 0) {
+    Case own{"shape", 1, 1, 1, 1, 1, 64, false};
+    int causal = 0;
+    const int n = std::sscanf(only_case.c_str() + 6, "%ld,%ld,%ld,%ld,%ld,%ld,%d", &own.b, &own.h, &own.hkv, &own.sq,
+                              &own.sk, &own.d, &causal);
+    if (n < 6) {
+      std::fprintf(stderr, "usage: shape:B,H,HKV,SQ,SK,D[,causal]\n");
+      return 2;
+    }
+    own.causal = causal != 0;
+    cases = {own};
+  }
   std::printf("%-28s %-9s %10s %10s %9s %9s  %s\n", "case", "dtype", "eager us", "graph us", "TFLOP/s", "GB/s",
               "kernel");
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   for (const Case& c : cases) {
-    if (std::string(c.name).find(only_case) == std::string::npos) continue;
+    if (cases.size() > 1 && std::string(c.name).find(only_case) == std::string::npos) continue;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
       if (!only_dtype.empty() && only_dtype != dtype_name(t)) continue;
       AttentionProblem p = AttentionProblem::head_first(c.b, c.h, c.hkv, c.sq, c.sk, c.d, t);
