@@ -239,9 +239,17 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     }
   }
   if (plan.blocks == 0) return;
+  // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
+  // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. (Plain attention calls keep
+  // ordinary launches: nothing of theirs is known to precede them, and they are what the benchmarks capture in
+  // CUDA graphs.) Not for the decode-mma kernel: on the H200 its int8 steps took 297.5 / 172.5 µs with them
+  // and 261.3 / 169.2 µs without (batch 64 x 4k / batch 8 x 32k), while the wgmma steps gained 0-2%.
+  const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && overlap_previous &&
+                   plan.kernel == CudaPlan::Kernel::Warpgroup;
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
   params.plain = plan.plain;
+  params.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
   if (plan.tail_pieces > 1 && !runs_plain(params)) {
     // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
     // blocks then, with no partial.
@@ -262,13 +270,6 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
-  // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
-  // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. (Plain attention calls keep
-  // ordinary launches: nothing of theirs is known to precede them, and they are what the benchmarks capture in
-  // CUDA graphs.) Not for the decode-mma kernel: on the H200 its int8 steps took 297.5 / 172.5 µs with them
-  // and 261.3 / 169.2 µs without (batch 64 x 4k / batch 8 x 32k), while the wgmma steps gained 0-2%.
-  const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && overlap_previous &&
-                   plan.kernel == CudaPlan::Kernel::Warpgroup;
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     params.inputs_ready = !(first == 0 && pdl);

@@ -167,6 +167,11 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     EXPECT_EQ(whole.describe().find("tail"), std::string::npos) << whole.describe();
     dev.run(whole);
     EXPECT_LE(data.scaled_error(ref), tolerance(t)) << whole.describe();
+    // The merge of a split row block rounds differently from its whole block: the bytes show that the run
+    // took the plan's split tail (a run may still fall back to whole blocks, which would give these bytes).
+    if (kernel.find("tail") != std::string::npos) {
+      EXPECT_NE(first, data.output_bytes()) << "the split tail did not run";
+    }
   }
 }
 
