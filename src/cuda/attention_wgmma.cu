@@ -552,8 +552,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   ATTNKIT_PHASE(7)
   if constexpr (kPlain) {
     if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
-      store_partial_rows<D>(p.partial + (block - p.tail_block) * kBlockRows * (3 + D), r0, rows, o, row_max, row_sum,
-                            [](int) { return 1.0f; });
+      for (int half = 0; half < 2; ++half) {
+        if (r0 + half * 8 < rows) {
+          store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + D), half, o,
+                               row_max, row_sum, [](int) { return 1.0f; });
+        }
+      }
     } else {
       // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
       // (the last P V above could not start before every warp of the warpgroup had waited for its last S).

@@ -325,29 +325,23 @@ __device__ __forceinline__ void store_pair(T* at, T first, T second) {
   }
 }
 
-// A split key range's finish: the thread's two rows' partial state (max, sum, poison, accumulator) at
-// `block_partial` ([rows][3 + D] of the block), for the merge pass. `v_scale(col)`: as in finish_rows.
+// One of the thread's rows (`half`) of a split key range's finish: its partial state (max, sum, poison,
+// accumulator) at `part` ([3 + D]), for the merge pass. `v_scale(col)`: as in finish_rows.
 template <int D, class VScale>
-__device__ __forceinline__ void store_partial_rows(float* block_partial, int r0, int rows, const float (&o)[D / 8][4],
-                                                   const float (&row_max)[2], const float (&row_sum)[2],
-                                                   VScale v_scale) {
+__device__ __forceinline__ void store_partial_row(float* part, int half, const float (&o)[D / 8][4],
+                                                  const float (&row_max)[2], const float (&row_sum)[2],
+                                                  VScale v_scale) {
   const int lane = threadIdx.x % 32;
+  if (lane % 4 == 0) {
+    part[0] = row_max[half];
+    part[1] = row_sum[half];
+    part[2] = isnan(row_sum[half]) ? 1.0f : 0.0f;
+  }
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r0 + half * 8;
-    if (r >= rows) continue;
-    float* part = block_partial + r * (3 + D);
-    if (lane % 4 == 0) {
-      part[0] = row_max[half];
-      part[1] = row_sum[half];
-      part[2] = isnan(row_sum[half]) ? 1.0f : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      part[3 + col] = o[j][half * 2] * v_scale(col);
-      part[3 + col + 1] = o[j][half * 2 + 1] * v_scale(col + 1);
-    }
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = j * 8 + (lane % 4) * 2;
+    part[3 + col] = o[j][half * 2] * v_scale(col);
+    part[3 + col + 1] = o[j][half * 2 + 1] * v_scale(col + 1);
   }
 }
 
@@ -360,10 +354,6 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
                                             std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
                                             const float (&row_max)[2], const float (&row_sum)[2],
                                             VScale v_scale) {
-  if (!kPlain && p.partial != nullptr) {
-    store_partial_rows<D>(p.partial + block * kRows * (3 + D), r0, rows, o, row_max, row_sum, v_scale);
-    return;
-  }
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -371,6 +361,10 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     if (r >= rows) continue;
     const bool poisoned = isnan(row_sum[half]);
     const RowOf row = kPlain ? row_of(p, c.kvh, c.row_block * kRows + r) : RowOf{t.head[r], t.query[r]};
+    if (!kPlain && p.partial != nullptr) {
+      store_partial_row<D>(p.partial + (block * kRows + r) * (3 + D), half, o, row_max, row_sum, v_scale);
+      continue;
+    }
     const bool sink = !kPlain && p.has_sink;
     const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, sink,
                                                  sink ? p.sinks[row.head] : 0.0f, p.masked_rows);
