@@ -393,7 +393,7 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
 // last S), then writes them out in 16-byte chunks, consecutive lanes on consecutive chunks of a row: whole
 // 128-byte lines where rows are contiguous. finish_rows' 4-byte pair stores touch 8 rows (8 lines) per
 // instruction. The values and their rounding are finish_rows': the plain build gives the general build's bits.
-// (The mma.sync kernel's 64-row blocks ran 2-5% slower so: bench/results/2026-11-30-h200-cuda-staged-finish.md.)
+// (The mma.sync kernel's 64-row blocks ran 2-5% slower so: bench/results/2026-11-30-h200-cuda-split-tail.md.)
 // warp_row: the warp's first row in the block (of kRows); rows: the block's rows that exist; chunk_at(r, ch):
 // the staging bytes of 16-byte chunk ch (8 columns) of the warp's row r (0-15), in the caller's swizzle.
 template <class T, int D, int kRows, class ChunkAt>
