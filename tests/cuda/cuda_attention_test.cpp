@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -30,6 +31,17 @@ AttentionConfig cuda_config() {
   AttentionConfig c;
   c.backend = Backend::Cuda;
   return c;
+}
+
+// `op` run again, and its problem run cut into one-block launches by the work budget, give `first`'s bytes.
+void expect_rerun_and_cut_equal(CaseData& data, DeviceMirror& dev, Attention& op, const std::vector<std::byte>& first) {
+  dev.run(op);
+  EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
+  AttentionProblem cut_problem = data.problem();
+  cut_problem.work_budget = 1;  // one block per launch
+  Attention cut(cut_problem, cuda_config());
+  dev.run(cut);
+  EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
 }
 
 TEST(CudaAttention, EveryCaseMatchesTheReference) {
@@ -71,13 +83,7 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
       DeviceMirror dev(data);
       dev.run(whole);
       const auto first = data.output_bytes();
-      dev.run(whole);
-      EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
-      AttentionProblem cut_problem = data.problem();
-      cut_problem.work_budget = 1;  // one block per launch
-      Attention cut(cut_problem, cuda_config());
-      dev.run(cut);
-      EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+      expect_rerun_and_cut_equal(data, dev, whole, first);
       EXPECT_LE(data.scaled_error(data.reference()), tolerance(t));
     }
   }
@@ -154,13 +160,7 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
     EXPECT_TRUE(data.gaps_untouched());
     const auto first = data.output_bytes();
-    dev.run(op);
-    EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
-    AttentionProblem cut_problem = data.problem();
-    cut_problem.work_budget = 1;  // one block per launch
-    Attention cut(cut_problem, cuda_config());
-    dev.run(cut);
-    EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+    expect_rerun_and_cut_equal(data, dev, op, first);
     setenv("ATTNKIT_CUDA_TAIL", "0", 1);
     Attention whole(data.problem(), cuda_config());
     unsetenv("ATTNKIT_CUDA_TAIL");
