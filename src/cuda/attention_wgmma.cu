@@ -226,20 +226,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_kv_tile = [&](int t, int t0) {
     const int slot = t % kSlots;
     const unsigned parity = (t / kSlots) % 2;
-    sm90::mbarrier_wait(&k_empty[slot], parity ^ 1);
-    sm90::mbarrier_arrive_expect(&k_full[slot], kTileBytes);
+    // One of K and V: wait for its slot to be free, then its D / 64 boxes onto the slot's full barrier.
+    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map) {
+      sm90::mbarrier_wait(&empty[slot], parity ^ 1);
+      sm90::mbarrier_arrive_expect(&full[slot], kTileBytes);
 #pragma unroll
-    for (int b = 0; b < D / 64; ++b) {
-      sm90::tma_load_4d(ks + slot * kTileBytes + b * kTileKeys * 128, &maps.k, b * 64, t0, static_cast<int>(c.kvh),
-                        static_cast<int>(c.b), &k_full[slot]);
-    }
-    sm90::mbarrier_wait(&v_empty[slot], parity ^ 1);
-    sm90::mbarrier_arrive_expect(&v_full[slot], kTileBytes);
-#pragma unroll
-    for (int b = 0; b < D / 64; ++b) {
-      sm90::tma_load_4d(vs + slot * kTileBytes + b * kTileKeys * 128, &maps.v, b * 64, t0, static_cast<int>(c.kvh),
-                        static_cast<int>(c.b), &v_full[slot]);
-    }
+      for (int b = 0; b < D / 64; ++b) {
+        sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128, map, b * 64, t0, static_cast<int>(c.kvh),
+                          static_cast<int>(c.b), &full[slot]);
+      }
+    };
+    issue(k_empty, k_full, ks, &maps.k);
+    issue(v_empty, v_full, vs, &maps.v);
   };
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
