@@ -69,7 +69,7 @@ template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) +
-                      4 * kSlots * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
+                      (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
              4 * raw_slots<S>() * sizeof(std::uint64_t);
@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint64_t* const raw_v_full = raw_k_full + kRawSlots;
   std::uint64_t* const raw_k_empty = raw_v_full + kRawSlots;
   std::uint64_t* const raw_v_empty = raw_k_empty + kRawSlots;
-  int* const tables_mem = reinterpret_cast<int*>(bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0));
+  std::uint64_t* const q_full = bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0);  // Q by TMA (maps.q_by_tma)
+  int* const tables_mem = reinterpret_cast<int*>(q_full + 1);
   const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
                          tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
 
@@ -264,6 +265,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // a one-tile block's). Not in a launch that overlaps the previous kernel (the GQA pre-pass writes Q and K/V)
   // nor from a quantized cache (its raw ring) nor with a rotary (Q goes through the rotation after the setup).
   const bool early = kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0));
+  // The plain build takes Q by TMA where the host could describe it (a box of `group` heads x 128 / group
+  // queries is the block's rows in row_of's order): one thread's copies instead of every consumer thread's
+  // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
+  // issue, bench/results/2026-11-30-h200-cuda-split-tail.md). Rows past the queries' end arrive as zeros.
+  const bool q_by_tma = kPlain && maps.q_by_tma;
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
@@ -282,10 +288,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::mbarrier_init(&raw_v_empty[i], 4);
       }
     }
+    if (q_by_tma) sm90::mbarrier_init(q_full, 1);
     sm90::fence_barrier_init();
+    if (q_by_tma) {
+      sm90::mbarrier_arrive_expect(q_full, static_cast<unsigned>(tile_bytes<D>(kBlockRows)));
+      const int first_query = static_cast<int>(first_row / p.group);
+#pragma unroll
+      for (int b = 0; b < D / 64; ++b) {
+        sm90::tma_load_4d(qs + b * kBlockRows * 128, &maps.q, b * 64, static_cast<int>(c.kvh * p.group), first_query,
+                          static_cast<int>(c.b), q_full);
+      }
+    }
     if (early) issue_kv_tile(0, early_tile);
   }
-  if (early && !rotary && tid >= 128 && tid < 128 + consumer_threads) load_q(0, false);  // the consumers' rows
+  if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
+    load_q(0, false);  // the consumers' rows
+  }
   ATTNKIT_PHASE(2)
   // Plain: every row sees the block's whole key range, and the barrier only publishes the initialised mbarriers.
   const BlockKeys keys = kPlain ? plain_block_keys(c)
@@ -404,8 +422,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       *chunk = w;
     }
   }
-  sm90::fence_proxy_async();
-  sm90::named_sync(kQBarrier, consumer_threads);
+  if (q_by_tma) {
+    sm90::mbarrier_wait(q_full, 0);  // each thread sees the TMA's bytes (async proxy, as wgmma reads them)
+  } else {
+    sm90::fence_proxy_async();
+    sm90::named_sync(kQBarrier, consumer_threads);
+  }
   ATTNKIT_PHASE(4)
   const int warpgroup = warp / 4 - 1;
   const int r0 = (warp - 4) * 16 + lane / 4;
@@ -616,13 +638,53 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
+// cuTensorMapEncodeTiled with the last few maps kept per thread. A map describes an address and a geometry only
+// (no driver resource), so the same arguments give the same map; a decode loop asks for the same ones every
+// step, and the encode is host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
+bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, const cuuint64_t (&dims)[4],
+                   const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle) {
+  const auto fn = encode_tiled();
+  if (fn == nullptr) return false;
+  struct Entry {
+    std::uintptr_t start;
+    cuuint64_t dims[4], strides[3];
+    cuuint32_t box[4];
+    int element, swizzle;
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry entries[kEntries];
+  thread_local int used = 0, next = 0;
+  const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
+                  {strides[0], strides[1], strides[2]}, {box[0], box[1], box[2], box[3]},
+                  static_cast<int>(element), static_cast<int>(swizzle), {}};
+  const auto same = [&](const Entry& e) {
+    return e.start == key.start && e.element == key.element && e.swizzle == key.swizzle &&
+           std::equal(e.box, e.box + 4, key.box) && std::equal(e.dims, e.dims + 4, key.dims) &&
+           std::equal(e.strides, e.strides + 3, key.strides);
+  };
+  for (int i = 0; i < used; ++i) {
+    if (same(entries[i])) {
+      map = entries[i].map;
+      return true;
+    }
+  }
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  entries[next] = key;
+  entries[next].map = map;
+  next = (next + 1) % kEntries;
+  used = used < kEntries ? used + 1 : kEntries;
+  return true;
+}
+
 // K or V as a 4-d tensor (head dim, key, K/V head, batch) whose boxes are 64 x 128 tiles in the 128-byte
 // swizzle; keys past k_len read as zeros. A quantized cache: a tensor of bytes (stored row, key, K/V head,
 // batch) whose boxes are whole stored rows of 128 keys, unswizzled (the converting warps read them).
 bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype,
                    KvType type) {
-  const auto fn = encode_tiled();
-  if (fn == nullptr) return false;
   const bool quantized = type != KvType::Float;
   // Bytes per stored value, as a fraction: 2 (float16 / bfloat16), 1 (int8), 1 / 2 (int4).
   const std::int64_t num = quantized ? 1 : 2, den = type == KvType::Int4 ? 2 : 1;
@@ -642,45 +704,33 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   }
   const cuuint32_t keys = static_cast<cuuint32_t>(tile_keys_for(static_cast<int>(p.head_dim)));
   const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                       : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  // A map describes an address and a geometry only (no driver resource), so the same arguments give the same
-  // map: the last few are kept per thread. A decode loop asks for the same two every step, and the encode is
-  // host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
-  struct Entry {
-    std::uintptr_t start;
-    cuuint64_t dims[4], strides[3];
-    cuuint32_t box[2];
-    int element;
-    CUtensorMap map;
-  };
-  constexpr int kEntries = 8;
-  thread_local Entry entries[kEntries];
-  thread_local int used = 0, next = 0;
-  const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
-                  {strides[0], strides[1], strides[2]}, {box[0], box[1]}, static_cast<int>(element), {}};
-  const auto same = [&](const Entry& e) {
-    return e.start == key.start && e.element == key.element && e.box[0] == key.box[0] && e.box[1] == key.box[1] &&
-           std::equal(e.dims, e.dims + 4, key.dims) && std::equal(e.strides, e.strides + 3, key.strides);
-  };
-  for (int i = 0; i < used; ++i) {
-    if (same(entries[i])) {
-      map = entries[i].map;
-      return true;
-    }
+  return encode_cached(map, element, start, dims, strides, box,
+                       quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's 128 rows in
+// row_of's order (`group` heads fastest, then 128 / group queries), 64 columns per box, in the 128-byte swizzle;
+// queries past q_len read as zeros. Only where a block's rows start on a query: 128 % group == 0.
+bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
+  const std::int64_t g = p.group;
+  if (!p.plain || g < 1 || 128 % g != 0 || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  const DeviceLayout& l = p.lq;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.heads),
+                              static_cast<cuuint64_t>(p.q_len), static_cast<cuuint64_t>(p.batch)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.head_stride * 2), static_cast<cuuint64_t>(l.row_stride * 2),
+                           static_cast<cuuint64_t>(l.batch_stride * 2)};
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return false;
-  entries[next] = key;
-  entries[next].map = map;
-  next = (next + 1) % kEntries;
-  used = used < kEntries ? used + 1 : kEntries;
-  return true;
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(g), static_cast<cuuint32_t>(128 / g), 1};
+  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(p.q) + l.offset * 2);
+  return encode_cached(map,
+                       dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                       start, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
@@ -706,6 +756,7 @@ std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type) {
 std::int64_t warpgroup_rows(KvType type) { return type == KvType::Float ? kWarpgroupRows : 64; }
 
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
+  maps.q_by_tma = encode_q_map(maps.q, p, dtype) ? 1 : 0;
   return encode_kv_map(maps.k, p.k, p.lk, p, dtype, p.k_type) && encode_kv_map(maps.v, p.v, p.lv, p, dtype, p.v_type);
 }
 

@@ -196,8 +196,9 @@ bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, cons
   const bool decode_fits = pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
   if (chosen.kernel == CudaPlan::Kernel::Decode || chosen.kernel == CudaPlan::Kernel::DecodeMma) return decode_fits;
   if (chosen.kernel == CudaPlan::Kernel::Warpgroup) {
-    return decode_fits && pointer_aligned16(a.q.data) &&
-           warpgroup_maps(make_params(p, a, chosen, nullptr), p.dtype, maps);
+    KernelParams params = make_params(p, a, chosen, nullptr);
+    params.plain = chosen.plain;  // (the plain build's Q map)
+    return decode_fits && pointer_aligned16(a.q.data) && warpgroup_maps(params, p.dtype, maps);
   }
   return true;
 }

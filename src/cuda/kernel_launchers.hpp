@@ -88,6 +88,8 @@ inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 struct WarpgroupMaps {
   CUtensorMap k, v;
+  CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma
+  int q_by_tma;
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
