@@ -91,7 +91,8 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
 
 // The tile kernels' plain build (CudaPlan::plain: no mask, rule, softcap, sink or split compiled in) gives the
 // bits of their general build (ATTNKIT_CUDA_PLAIN=0) on plain problems: partial tiles, padded row blocks, GQA,
-// a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched.
+// a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched. (The wgmma plain
+// build takes Q by TMA where 128 % group == 0 and by cp.async elsewhere; the general build always by cp.async.)
 TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   SKIP_WITHOUT_GPU();
   struct Shape { std::int64_t batch, heads, kv, q, k, d; LayoutKind layout; };
@@ -100,7 +101,11 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                         Shape{8, 12, 12, 128, 128, 64, LayoutKind::HeadFirst},
                         Shape{1, 4, 4, 300, 1500, 64, LayoutKind::PositionsFirst},
                         Shape{2, 4, 1, 65, 1, 128, LayoutKind::HeadFirst},
-                        Shape{1, 16, 16, 200, 333, 128, LayoutKind::HeadFirst}}) {
+                        Shape{1, 16, 16, 200, 333, 128, LayoutKind::HeadFirst},
+                        // the wgmma plain build's Q: group 3 (cp.async, 128 % 3 != 0), group 8 (TMA boxes of 8
+                        // heads x 16 queries, rows past the queries' end read as zeros)
+                        Shape{2, 24, 8, 150, 257, 64, LayoutKind::HeadFirst},
+                        Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst}}) {
     for (DType t : {DType::f16, DType::bf16}) {
       CaseSpec spec;
       spec.name = "plain";
