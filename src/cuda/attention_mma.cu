@@ -272,12 +272,21 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
     }
     softmax_step<kTileKeys, D>(s, o, row_max, row_sum);
 
-    // P (rounded to T) as the A operand; O += P V.
-    float tile_sum[2] = {0.0f, 0.0f};
+    // P (rounded to T) as the A operand; O += P V. The rows' sums of that P: at head dims up to 64, P 1 on the
+    // tensor cores (fewer instructions per score, where scores are most of a block's work); above, in float32
+    // adds (the extra accumulator made the head-dim-128 plain build spill).
+    constexpr bool kSumsOnTensorCores = D <= 64;
+    float tile_sum[2] = {0.0f, 0.0f};               // (float32 adds)
+    float mma_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // (tensor cores)
 #pragma unroll
     for (int kk = 0; kk < kTileKeys / 16; ++kk) {
       std::uint32_t a[4];
-      pack_probabilities<T, kTileKeys>(s, kk, a, tile_sum);
+      if constexpr (kSumsOnTensorCores) {
+        pack_probability_operand<T, kTileKeys>(s, kk, a);
+        add_probability_sums<T>(mma_sum, a);
+      } else {
+        pack_probabilities<T, kTileKeys>(s, kk, a, tile_sum);
+      }
 #pragma unroll
       for (int t = 0; t < D / 8; t += 2) {
         std::uint32_t b[4];
@@ -286,7 +295,12 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
         mma16816<T>(o[t + 1], a, b[2], b[3]);
       }
     }
-    add_tile_sums(tile_sum, row_sum);
+    if constexpr (kSumsOnTensorCores) {
+      row_sum[0] += mma_sum[0];
+      row_sum[1] += mma_sum[2];
+    } else {
+      add_tile_sums(tile_sum, row_sum);
+    }
     }
     cp_async_wait_all();
     __syncthreads();

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 
 namespace attnkit::cuda {
@@ -294,6 +295,27 @@ __device__ __forceinline__ void pack_probabilities(const float (&s)[kCols / 8][4
   a[3] = Pack2<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3], rounded[6], rounded[7]);
   tile_sum[0] += (rounded[0] + rounded[1]) + (rounded[4] + rounded[5]);
   tile_sum[1] += (rounded[2] + rounded[3]) + (rounded[6] + rounded[7]);
+}
+
+// P for keys [16 kk, 16 kk + 16) of the tile, rounded to T, as the A operand of P V, for a kernel that takes the
+// rows' sums of the same rounded values from the tensor cores (add_probability_sums) instead of converting them
+// back to float32 (pack_probabilities: two instructions per probability on a short tile's critical path).
+template <class T, int kCols>
+__device__ __forceinline__ void pack_probability_operand(const float (&s)[kCols / 8][4], int kk,
+                                                         std::uint32_t (&a)[4]) {
+  a[0] = pack_pair<T>(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_pair<T>(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_pair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_pair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// sums += P 1 over P's 16 keys (a, as pack_probability_operand gives it): the rows' sums of the rounded
+// probabilities, exact products accumulated in float32, the whole row's in every thread of its quad (c[0]: row
+// lane / 4, c[2]: row lane / 4 + 8; every column of the 8 holds the same sum).
+template <class T>
+__device__ __forceinline__ void add_probability_sums(float (&sums)[4], const std::uint32_t (&a)[4]) {
+  constexpr std::uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;  // (1, 1) in T
+  mma16816<T>(sums, a, kOnes, kOnes);
 }
 
 // The quad's tile sums into each row's running sum.
