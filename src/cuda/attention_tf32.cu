@@ -166,9 +166,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
         }
       }
       const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
-      transform_scores<kTileKeys>(s, p, c, tables, r0, rows, k0, n, full);
+      const float score_scale = transform_scores<kTileKeys>(s, p, c, tables, r0, rows, k0, n, full);
       float alpha[2];
-      softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
+      softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
       float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < kTileKeys / 8; ++j) {

@@ -496,13 +496,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tile t's scores into P (in `a`), after its S is complete.
   auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
+    float score_scale;  // (what transform_scores leaves to the exponent)
     if constexpr (kPlain) {
-      scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
+      score_scale = scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
     } else {
       const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
-      transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+      score_scale = transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
     }
-    softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha);
+    softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
   };
   auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {
     float tile_sum[2] = {0.0f, 0.0f};

@@ -148,38 +148,41 @@ __device__ __forceinline__ BlockKeys plain_block_keys(const BlockCoord& c) {
   return {begin, end, begin, end};
 }
 
-// transform_scores for a plain problem: the scale, and -inf for the keys at and past column `n` (the keys' end,
-// in the last tile).
+// transform_scores for a plain problem (runs_plain checks folds_scale): -inf for the keys at and past column `n`
+// (the keys' end, in the last tile; every key where n <= 0). Returns the scale, left to softmax_exponentials.
 template <int kCols>
-__device__ __forceinline__ void scale_plain_scores(float (&s)[kCols / 8][4], float scale, int n) {
+__device__ __forceinline__ float scale_plain_scores(float (&s)[kCols / 8][4], float scale, int n) {
   const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] *= scale;
-  if (n >= kCols) return;
+  if (n >= kCols) return scale;
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (j * 8 + (lane % 4) * 2 + e % 2 >= n) s[j][e] = core::kNegInf;
     }
+  return scale;
 }
 
 // Scores of a tile of kCols keys starting at key k0 (n of them real): scale (or softcap), then, unless the
 // tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
+// Returns the factor still to apply, for softmax_exponentials: the scale where folds_scale (the scores are left
+// raw), else 1.
 // The rare steps sit behind block-uniform branches around whole unrolled loops, so the common path (a fully
 // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
 // kFewLoadsInFlight: mask loads in groups of 8 (a compiler barrier between groups), for a kernel whose registers
 // cannot hold 32 loads in flight (the wgmma kernel's consumers; the mma.sync kernel is better off without).
 template <int kCols, bool kFewLoadsInFlight = false>
-__device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
-                                                 const RowTables& t, int r0, int rows, std::int64_t k0, int n,
-                                                 bool full) {
+__device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
+                                                  const RowTables& t, int r0, int rows, std::int64_t k0, int n,
+                                                  bool full) {
   const int lane = threadIdx.x % 32;
   const float scale = p.transform.scale;
   const float softcap = p.transform.softcap;
-  if (softcap > 0.0f) {
+  const bool fold = folds_scale(p);
+  const float left = fold ? scale : 1.0f;
+  if (fold) {
+    // (the scale goes into the exponent)
+  } else if (softcap > 0.0f) {
     const float scale_over_cap = scale / softcap;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j)
@@ -191,7 +194,7 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] *= scale;
   }
-  if (full) return;
+  if (full) return left;
   // Keys as 32-bit offsets from the tile start (key ranges fit in int): the 64-bit form of this loop is what
   // pushed the wgmma kernel's consumers past their registers.
   const int first = static_cast<int>(k0);
@@ -232,13 +235,18 @@ __device__ __forceinline__ void transform_scores(float (&s)[kCols / 8][4], const
         }
     }
   }
+  return left;
 }
 
 // The online softmax for one tile, without the accumulator: new row maxima, the running sums scaled by
 // alpha (the factor the accumulator needs too, rescale_accumulator) and s replaced by exp(s - max) (unrounded).
+// score_scale: the factor transform_scores left (s are the raw scores times it; 1 where they are final). The
+// maxima are kept in scaled scores (the split-K merge and the log-sum-exp read them); the exponent takes the
+// factor in its FMA. A scaled maximum of +inf poisons the row, as a +inf score does (the raw scores may be finite).
 template <int kCols>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kCols / 8][4], float (&row_max)[2],
-                                                     float (&row_sum)[2], float (&alpha)[2]) {
+                                                     float (&row_sum)[2], float (&alpha)[2], float score_scale) {
+  const float exponent_scale = score_scale * kLog2e;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = core::kNegInf;
@@ -246,15 +254,16 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kCols / 8][4], f
     for (int j = 0; j < kCols / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    tile_max *= score_scale;  // (score_scale > 0: the largest scaled score)
     const float new_max = fmaxf(row_max[half], tile_max);
     alpha[half] = core::rescale_factor(row_max[half], new_max);
     row_max[half] = new_max;
-    row_sum[half] *= alpha[half];
+    row_sum[half] = new_max == -core::kNegInf ? __int_as_float(0x7fffffff) : row_sum[half] * alpha[half];
     const float shift = core::usable_max(new_max) * kLog2e;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], kLog2e, -shift));
+      for (int e = 0; e < 2; ++e) s[j][half * 2 + e] = fast_exp2(fmaf(s[j][half * 2 + e], exponent_scale, -shift));
   }
 }
 
@@ -277,9 +286,9 @@ __device__ __forceinline__ void rescale_accumulator(float (&o)[kOutCols / 8][4],
 // Both, for kernels whose accumulator is idle during the softmax.
 template <int kCols, int kOutCols>
 __device__ __forceinline__ void softmax_step(float (&s)[kCols / 8][4], float (&o)[kOutCols / 8][4],
-                                             float (&row_max)[2], float (&row_sum)[2]) {
+                                             float (&row_max)[2], float (&row_sum)[2], float score_scale) {
   float alpha[2];
-  softmax_exponentials<kCols>(s, row_max, row_sum, alpha);
+  softmax_exponentials<kCols>(s, row_max, row_sum, alpha, score_scale);
   rescale_accumulator<kOutCols>(o, alpha);
 }
 

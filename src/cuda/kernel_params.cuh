@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdint>
 
 namespace attnkit::cuda {
@@ -287,7 +288,15 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
   }
 }
 
-// A plain problem: no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split (but a
+// Whether a launch's scale is left to the exponent (transform_scores, softmax_exponentials): no softcap and no mask act on the scaled
+// score, and a positive finite scale keeps the order of the scores, so the row maxima of the raw scores times the
+// scale are those of the scaled scores. One multiply per score fewer, on a short block's critical path.
+__host__ __device__ __forceinline__ bool folds_scale(const KernelParams& p) {
+  return p.transform.softcap == 0.0f && !p.has_mask && p.transform.scale > 0.0f &&
+         p.transform.scale <= FLT_MAX;
+}
+
+// A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split (but a
 // split tail), every output row on 16 bytes, and the launch's inputs ready at its start. The tile
 // kernels have a build for it with none of those compiled in (their `kPlain`): the encoder layers of BERT,
 // MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
@@ -299,7 +308,7 @@ inline bool runs_plain(const KernelParams& p) {
   return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
          p.v_type == KvType::Float && (p.partial == nullptr || p.tail_pieces > 1) && p.splits == 1 &&
-         p.inputs_ready && p.fast_coords && !p.heavy_first;
+         p.inputs_ready && p.fast_coords && !p.heavy_first && folds_scale(p);
 }
 
 // Whether `block` of a plain launch is a piece of a split tail row block (it leaves a partial).
