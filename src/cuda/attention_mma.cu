@@ -2,8 +2,7 @@
 // head dims 32, 64, 128 and 256 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
 //
 // A block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in tiles
-// of 64 keys (tile_keys: 16 or 128 at head dims 256 and 32). At head dim 32 the block has 8 warps: two per 16 rows,
-// each on its own half of every tile, merged at the end (key_halves). K and V tiles are double-buffered in shared memory
+// of 64 keys (tile_keys: 16 or 128 at head dims 256 and 32). K and V tiles are double-buffered in shared memory
 // (cp.async, XOR-swizzled 16-byte chunks so ldmatrix reads are conflict-free); Q stays in shared memory and is
 // re-read by ldmatrix. S = Q Kᵀ lives in registers (16 x 64 per warp), the online softmax runs on those registers (a
 // row is spread over the 4 lanes of a quad: two xor-shuffles), P is rounded to the element type in registers and fed
@@ -27,12 +26,8 @@ constexpr int kRows = 64;
 // registers per thread); 128 at head dim 32, whose accumulator is 16 registers: a 128-token sequence (MiniLM) is
 // then one tile, one dependent load-score-softmax chain per block instead of two.
 __host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : head_dim == 32 ? 128 : 64; }
-// Warps per 16 rows, each on its own share of every tile's keys, with its own running max, sum and accumulator,
-// merged once at the end: 2 at head dim 32. A block of such short rows spends most of its time in one warp's
-// dependent chain of a tile's S, softmax and P V (a MiniLM block has one 128-key tile): two warps halve it.
-__host__ __device__ constexpr int key_halves(int head_dim) { return head_dim == 32 ? 2 : 1; }
-constexpr int kRowWarps = 4;  // warps of 16 rows
-__host__ __device__ constexpr int threads_for(int head_dim) { return kRowWarps * key_halves(head_dim) * 32; }
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -74,20 +69,17 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
          4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
 }
 
-// Blocks per SM asked of ptxas: 2 at head dim 32 (8 warps, 128 registers at most); none elsewhere (0 =
-// unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2 blocks per SM
-// instead of 3).
+// Blocks per SM asked of ptxas: 3 at head dim 32 (its 128-key tiles would take 248 registers, 2 blocks); none
+// elsewhere (0 = unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2
+// blocks per SM instead of 3).
 template <int D>
-constexpr int mma_min_blocks() { return D == 32 ? 2 : 0; }
+constexpr int mma_min_blocks() { return D == 32 ? 3 : 0; }
 
 // kPlain: the build for runs_plain problems (kernel_params.cuh), with no row tables, rule, mask, softcap, sink
 // or split compiled in (attention_wgmma.cu says why).
 template <class T, int D, class S, bool kPlain>
-__global__ void __launch_bounds__(threads_for(D), mma_min_blocks<D>()) attention_mma_kernel(const KernelParams p) {
-  constexpr int kThreads = threads_for(D);
+__global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_kernel(const KernelParams p) {
   constexpr int kTileKeys = tile_keys(D);
-  constexpr int kHalves = key_halves(D);
-  constexpr int kWarpKeys = kTileKeys / kHalves;  // a warp's share of a tile
   constexpr bool kQuantized = !std::is_same_v<S, T>;
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
   ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-6 below, printed by thread 0
@@ -205,11 +197,8 @@ __global__ void __launch_bounds__(threads_for(D), mma_min_blocks<D>()) attention
     }
   }
 
-  // Per thread: rows r0 = 16 row_warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1};
-  // keys [first_col, first_col + kWarpKeys) of every tile.
-  const int row_warp = warp % kRowWarps;
-  const int first_col = (warp / kRowWarps) * kWarpKeys;
-  const int r0 = row_warp * 16 + lane / 4;
+  // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1}.
+  const int r0 = warp * 16 + lane / 4;
   float o[D / 8][4];
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
@@ -256,38 +245,33 @@ __global__ void __launch_bounds__(threads_for(D), mma_min_blocks<D>()) attention
     const T* kt = ks + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
     const T* vt = vs + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
     // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
-    if (row_warp * 16 < rows) {
+    if (warp * 16 < rows) {
 
-    // S = Q Kᵀ for this warp's 16 rows and its kWarpKeys keys of the tile: n-tiles of 8 keys.
-    float s[kWarpKeys / 8][4];
+    // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys: 8 n-tiles of 8 keys.
+    float s[kTileKeys / 8][4];
 #pragma unroll
-    for (int j = 0; j < kWarpKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D; kk += 16) {
       std::uint32_t a[4];
-      ldmatrix_x4(a, qs + swizzled<D>(row_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
+      ldmatrix_x4(a, qs + swizzled<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
 #pragma unroll
-      for (int j = 0; j < kWarpKeys / 8; j += 2) {
+      for (int j = 0; j < kTileKeys / 8; j += 2) {
         std::uint32_t b[4];
-        ldmatrix_x4(b, kt + swizzled<D>(first_col + j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
+        ldmatrix_x4(b, kt + swizzled<D>(j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
         mma16816<T>(s[j], a, b[0], b[1]);
         mma16816<T>(s[j + 1], a, b[2], b[3]);
       }
     }
 
-    // The warp's keys: from k0 + first_col, n_warp of them real (none where n_warp <= 0).
-    const int n_warp = n - first_col;
     float score_scale;  // (what the transform leaves to the exponent)
     if constexpr (kPlain) {
-      score_scale = scale_plain_scores<kWarpKeys>(s, p.transform.scale, n_warp);
+      score_scale = scale_plain_scores<kTileKeys>(s, p.transform.scale, n);
     } else {
-      const std::int64_t warp_k0 = k0 + first_col;
-      const bool full = n_warp >= kWarpKeys && !p.has_mask && keys.all_begin <= warp_k0 &&
-                        keys.all_end >= warp_k0 + kWarpKeys;
-      score_scale =
-          transform_scores<kWarpKeys, (kWarpKeys > 64)>(s, p, c, tables, r0, rows, warp_k0, n_warp, full);
+      const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
+      score_scale = transform_scores<kTileKeys, (kTileKeys > 64)>(s, p, c, tables, r0, rows, k0, n, full);
     }
-    softmax_step<kWarpKeys, D>(s, o, row_max, row_sum, score_scale);
+    softmax_step<kTileKeys, D>(s, o, row_max, row_sum, score_scale);
 
     // P (rounded to T) as the A operand; O += P V. The rows' sums of that P: at head dims up to 64, P 1 on the
     // tensor cores (fewer instructions per score, where scores are most of a block's work); above, in float32
@@ -296,19 +280,18 @@ __global__ void __launch_bounds__(threads_for(D), mma_min_blocks<D>()) attention
     float tile_sum[2] = {0.0f, 0.0f};               // (float32 adds)
     float mma_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // (tensor cores)
 #pragma unroll
-    for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
       std::uint32_t a[4];
       if constexpr (kSumsOnTensorCores) {
-        pack_probability_operand<T, kWarpKeys>(s, kk, a);
+        pack_probability_operand<T, kTileKeys>(s, kk, a);
         add_probability_sums<T>(mma_sum, a);
       } else {
-        pack_probabilities<T, kWarpKeys>(s, kk, a, tile_sum);
+        pack_probabilities<T, kTileKeys>(s, kk, a, tile_sum);
       }
 #pragma unroll
       for (int t = 0; t < D / 8; t += 2) {
         std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vt + swizzled<D>(first_col + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
-                                              t * 8 + (lane / 16) * 8));
+        ldmatrix_x4_trans(b, vt + swizzled<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t * 8 + (lane / 16) * 8));
         mma16816<T>(o[t], a, b[0], b[1]);
         mma16816<T>(o[t + 1], a, b[2], b[3]);
       }
@@ -328,41 +311,6 @@ __global__ void __launch_bounds__(threads_for(D), mma_min_blocks<D>()) attention
     }
   }
   ATTNKIT_PHASE(5)
-  if constexpr (kHalves == 2) {
-    // The second half's warps hand their rows' state over through shared memory (the tiles are free: the loop
-    // ended on a barrier with no copy in flight); the first half's merge it into theirs, in one fixed order.
-    constexpr int kState = D / 2 + 4;  // a thread's accumulator, maxima and sums
-    float* state = reinterpret_cast<float*>(ks) + (tid % (kRowWarps * 32));
-    constexpr int kStride = kRowWarps * 32;  // consecutive threads on consecutive words
-    static_assert(kState * kStride * sizeof(float) <= kBuffers * kTileKeys * D * sizeof(T), "fits the K tiles");
-    if (warp >= kRowWarps) {
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) state[(t * 4 + e) * kStride] = o[t][e];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        state[(D / 2 + half) * kStride] = row_max[half];
-        state[(D / 2 + 2 + half) * kStride] = row_sum[half];
-      }
-    }
-    __syncthreads();
-    if (warp >= kRowWarps) return;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float other_max = state[(D / 2 + half) * kStride];
-      const core::MergeWeights w = core::merge_weights(row_max[half], other_max);
-      row_max[half] = w.max;
-      row_sum[half] = row_sum[half] * w.wa + state[(D / 2 + 2 + half) * kStride] * w.wb;
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = o[t][half * 2 + e];
-          x = x * w.wa + state[(t * 4 + half * 2 + e) * kStride] * w.wb;
-        }
-    }
-  }
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
   finish_rows<T, D, kRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
@@ -424,7 +372,7 @@ void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStr
   with_instance(dtype, p.head_dim, p.k_type, runs_plain(p), [&](auto instance) {
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
-    I::kernel<<<static_cast<unsigned>(blocks), threads_for(static_cast<int>(p.head_dim)), I::smem(), stream>>>(p);
+    I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
   });
 }
 
@@ -432,7 +380,7 @@ int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
   int blocks = 1;
   with_instance(dtype, head_dim, type, /*plain=*/false, [&](auto instance) {
     using I = decltype(instance);
-    static const int resident = resident_blocks_per_sm<I::kernel>(threads_for(static_cast<int>(head_dim)), I::smem());
+    static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, I::smem());
     blocks = resident;
   });
   return blocks;
