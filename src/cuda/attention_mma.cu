@@ -9,6 +9,7 @@
 // straight back as the A operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree.
 // Accumulation is float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
 #include "block_phases.cuh"
+#include "cluster_merge.cuh"
 #include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 #include "stored_pairs.cuh"
@@ -69,11 +70,18 @@ __host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
          4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
 }
 
-// Blocks per SM asked of ptxas: 3 at head dim 32 (its 128-key tiles would take 248 registers, 2 blocks); none
-// elsewhere (0 = unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2
-// blocks per SM instead of 3).
+// Blocks per SM asked of ptxas: 3 at head dim 32 on sm_90 (its 128-key tiles would take 248 registers, 2
+// blocks), 2 in the sm_80 build (whose general build spilled 8 bytes at 3, 168 registers); none elsewhere (0 =
+// unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2 blocks per SM
+// instead of 3).
 template <int D>
-constexpr int mma_min_blocks() { return D == 32 ? 3 : 0; }
+constexpr int mma_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return D == 32 ? 2 : 0;
+#else
+  return D == 32 ? 3 : 0;
+#endif
+}
 
 // kPlain: the build for runs_plain problems (kernel_params.cuh), with no row tables, rule, mask, softcap, sink
 // or split compiled in (attention_wgmma.cu says why).
@@ -313,6 +321,22 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
+  if constexpr (!kPlain && D <= 128 && kClusterMergeBuilt) {
+    if (p.cluster_merge) {
+      // The partial rows go to this block's shared memory (Q and the tiles are free: the loop ended on a
+      // barrier with no copy in flight), for the cluster's merge.
+      float* staged = reinterpret_cast<float*>(smem_raw);
+      static_assert(kRows * (3 + D) * sizeof(float) <= (kRows + 2 * kBuffers * kTileKeys) * D * sizeof(T),
+                    "the partial rows fit in Q and the tiles");
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + half * 8;
+        if (r < rows) store_partial_row<D>(staged + r * (3 + D), half, o, row_max, row_sum, v_scale_at);
+      }
+      merge_rows_in_cluster<T, D, kThreads>(p, c, tables, rows, staged);
+      return;
+    }
+  }
   finish_rows<T, D, kRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
   ATTNKIT_PHASE(6)
   ATTNKIT_PHASES_PRINT("mma", 0)
@@ -372,7 +396,12 @@ void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStr
   with_instance(dtype, p.head_dim, p.k_type, runs_plain(p), [&](auto instance) {
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
-    I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
+    if (p.cluster_merge) {
+      launch_kernel_in_clusters(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, I::smem(), stream, false,
+                                static_cast<unsigned>(p.splits), p);
+    } else {
+      I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
+    }
   });
 }
 

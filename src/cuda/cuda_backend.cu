@@ -178,6 +178,7 @@ std::string describe(const CudaPlan& plan) {
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys";
   }
+  if (plan.cluster_merge) s += ", cluster merge";
   if (plan.plain) s += ", plain";
   if (plan.tail_pieces > 1) {
     s += ", tail of " + std::to_string((plan.blocks - plan.tail_block) / plan.tail_pieces) + " row blocks in " +
@@ -264,11 +265,14 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
-  const std::int64_t per_launch =
+  std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
   // Rows that do not start on 16 bytes (an odd base pointer) take the SIMT kernel; the plan assumed aligned ones.
   const bool aligned = pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
   const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
+  // A cluster merge (the mma.sync kernel only) cuts between whole clusters: a row block's ranges.
+  params.cluster_merge = plan.cluster_merge && tensor_cores;
+  if (params.cluster_merge) per_launch = (per_launch + plan.splits - 1) / plan.splits * plan.splits;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
@@ -295,7 +299,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // the last blocks of the attention grid run.
   const bool merge_pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0" &&
                          device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (plan.splits > 1) {
+  if (plan.splits > 1 && !params.cluster_merge) {
     launch_merge(params, p.dtype, plan.row_block, stream, merge_pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
   } else if (plan.tail_pieces > 1) {

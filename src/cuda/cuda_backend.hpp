@@ -41,6 +41,10 @@ struct CudaPlan {
   // blocks over key ranges of tail_piece_keys, which fill the SMs as the whole blocks end, and a merge pass
   // folds their partials. tail_pieces 0: none.
   std::int64_t tail_block = 0, tail_pieces = 0, tail_piece_keys = 0;
+  // The split's ranges merged inside thread-block clusters of `splits` blocks (the mma.sync kernel on sm_90;
+  // cluster_merge.cuh) instead of by the merge pass. The scratch still holds the partials: a run whose
+  // pointers send it to the SIMT kernel takes the merge pass.
+  bool cluster_merge = false;
 };
 
 CudaPlan plan(const AttentionProblem& problem);

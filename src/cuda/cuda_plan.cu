@@ -78,7 +78,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
 //   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
 //   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan;
-//   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan.
+//   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan;
+//   ATTNKIT_CUDA_CLUSTER=0 merges every split by the merge pass (no cluster merge).
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
 bool plain_problem(const AttentionProblem& p) {
@@ -200,6 +201,11 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   if (plan.group_rows <= 16 && base_blocks * most * 2 <= sms) {
     most = std::min(std::max<std::int64_t>(p.k_len / kSplitGranule, 1), kMaxSplits);
   }
+  // The mma.sync kernel on sm_90 merges a split inside a thread-block cluster (CudaPlan::cluster_merge): at
+  // most a portable cluster's ranges, which Whisper's cross-attention step (1500 keys) ran as fast as 12.
+  const bool clusters = plan.kernel == CudaPlan::Kernel::TensorCore && device.sm90 && p.head_dim <= 128 &&
+                        env_value("ATTNKIT_CUDA_CLUSTER") != "0";
+  if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
   if (plan.group_rows <= 16 && base_blocks > 0) {
     const std::int64_t resident = sms * device.resident_blocks(plan.kernel);
@@ -222,6 +228,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
+  plan.cluster_merge = clusters && plan.splits > 1 && plan.splits <= kMaxClusterSplits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
                plan.splits == 1 && plain_problem(p);
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then

@@ -19,6 +19,9 @@ struct DeviceTraits {
   std::function<int(CudaPlan::Kernel)> resident_blocks;
 };
 
+// The largest cluster the cluster merge asks for: the portable size (every sm_90 part schedules 8 blocks as one).
+inline constexpr std::int64_t kMaxClusterSplits = 8;
+
 // Scratch starts with the key-length check's flag; the split-K partials follow it.
 inline constexpr std::size_t kFlagBytes = 256;
 

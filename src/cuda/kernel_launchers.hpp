@@ -34,20 +34,33 @@ void allow_max_dynamic_smem() {
 // Launches kernel<<<grid, threads, smem, stream>>>(args...); with `overlap`, as a programmatic dependent launch
 // (it may start while the stream's previous kernel runs: the kernel must call wait_for_prior_grids() before it
 // reads what that kernel writes). Errors are left for the caller's cudaGetLastError.
+// cluster > 1: blocks in thread-block clusters of that many along x (sm_90; the grid a multiple of it).
 template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem, cudaStream_t stream,
-                   bool overlap, Args&&... args) {
+void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem,
+                               cudaStream_t stream, bool overlap, unsigned cluster, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = overlap ? 1 : 0;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned n = 0;
+  if (overlap) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[n].id = cudaLaunchAttributeClusterDimension;
+    attributes[n++].val.clusterDim = {cluster, 1, 1};
+  }
+  config.attrs = attributes;
+  config.numAttrs = n;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem, cudaStream_t stream,
+                   bool overlap, Args&&... args) {
+  launch_kernel_in_clusters(kernel, grid, threads, smem, stream, overlap, 1u, std::forward<Args>(args)...);
 }
 
 // The blocks of `Kernel` (threads, dynamic shared memory) one SM of this device holds at once; at least 1.

@@ -42,6 +42,9 @@ struct KernelParams {
   const std::int32_t* causal_offsets;  // per batch entry, or null
   float* lse;
   float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
+  // Split-K merged in thread-block clusters of `splits` blocks (CudaPlan::cluster_merge; cluster_merge.cuh):
+  // `partial` is not used.
+  bool cluster_merge;
   DeviceLayout lq, lk, lv, lo, lmask, llse;
   std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
   std::int64_t group, group_rows, row_blocks, splits, split_keys;
@@ -345,6 +348,12 @@ __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std
 }
 
 // Writes a finished row (or its split-K partial) from an unnormalised accumulator element.
+// a wa + b wb as the split-K merges compute it, rounded the same way wherever it is compiled (the merge pass and
+// the cluster merge give the same bits): the first product rounded, the second fused into the add.
+__device__ __forceinline__ float fold_weighted(float a, float wa, float b, float wb) {
+  return __fmaf_rn(b, wb, __fmul_rn(a, wa));
+}
+
 __device__ __forceinline__ float finished_value(const core::RowFinish& fin, float acc) {
   return fin.acc_scale == 0.0f ? 0.0f : acc * fin.acc_scale;
 }

@@ -65,9 +65,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
         const float s = __shfl_sync(0xffffffffu, part_sum, (k0 + k) % 32);
         if (k0 + k >= in_group) continue;
         const core::MergeWeights w = core::merge_weights(max, m);
-        sum = sum * w.wa + s * w.wb;
+        sum = fold_weighted(sum, w.wa, s, w.wb);
 #pragma unroll
-        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = acc[i] * w.wa + x[k][i] * w.wb;
+        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = fold_weighted(acc[i], w.wa, x[k][i], w.wb);
         max = w.max;
       }
     }

@@ -89,6 +89,61 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
   }
 }
 
+// On sm_90 the mma.sync kernel merges a split's ranges inside a thread-block cluster (CudaPlan::cluster_merge):
+// the merge pass's bytes (ATTNKIT_CUDA_CLUSTER=0, the same ranges where both take at most 8), against the
+// reference with the LSE and the gaps untouched, and the same bytes again when cut into one-cluster launches.
+// Shapes: Whisper's decoder step, and GQA rows (several per block, folded by different blocks of a cluster) with
+// a causal rule, random key lengths (ranges with no key), a mask, a softcap, masked rows as zeros and head sinks.
+TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0));
+  struct Shape { std::int64_t batch, heads, kv, q, k, d; bool causal, extras; };
+  for (const Shape s : {Shape{1, 12, 12, 1, 448, 64, false, false}, Shape{2, 8, 2, 5, 1000, 128, true, true},
+                        Shape{3, 6, 3, 7, 700, 32, false, true}}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "cluster";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = s.q; spec.k_len = s.k;
+      spec.head_dim = s.d; spec.causal = s.causal; spec.lse = true;
+      if (s.extras) {
+        spec.key_lengths = KeyLengths::Random;
+        spec.mask = MaskKind::Random;
+        spec.softcap = 30.0f;
+        spec.masked_rows = MaskedRows::Zero;
+        spec.head_sink = s.d == 32;
+      }
+      SCOPED_TRACE(std::to_string(s.q) + " x " + std::to_string(s.k) + " d " + std::to_string(s.d) + " " +
+                   std::string(dtype_name(t)));
+      CaseData data(spec, t, 53);
+      const auto ref = data.reference();
+      DeviceMirror dev(data);
+      setenv("ATTNKIT_CUDA_KERNEL", "mma", 1);
+      setenv("ATTNKIT_CUDA_SPLITS", "6", 1);
+      Attention clustered(data.problem(), cuda_config());
+      setenv("ATTNKIT_CUDA_CLUSTER", "0", 1);
+      Attention merged(data.problem(), cuda_config());
+      unsetenv("ATTNKIT_CUDA_CLUSTER");
+      const std::string kernel = clustered.describe();
+      if (prop.major == 9 && prop.minor == 0) {
+        EXPECT_NE(kernel.find("split-k 6 x"), std::string::npos) << kernel;
+        EXPECT_NE(kernel.find("cluster merge"), std::string::npos) << kernel;
+      }
+      EXPECT_EQ(merged.describe().find("cluster"), std::string::npos) << merged.describe();
+      dev.run(clustered);
+      const auto first = data.output_bytes();
+      EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+      EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+      EXPECT_TRUE(data.gaps_untouched());
+      expect_rerun_and_cut_equal(data, dev, clustered, first);
+      dev.run(merged);
+      EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << merged.describe();
+      unsetenv("ATTNKIT_CUDA_SPLITS");
+      unsetenv("ATTNKIT_CUDA_KERNEL");
+    }
+  }
+}
+
 // The tile kernels' plain build (CudaPlan::plain: no mask, rule, softcap, sink or split compiled in) gives the
 // bits of their general build (ATTNKIT_CUDA_PLAIN=0) on plain problems: partial tiles, padded row blocks, GQA,
 // a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched. (The wgmma plain

@@ -73,13 +73,27 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
 
 TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
   // 12 heads, one query: 12 blocks would each walk every key; ranges down to one 64-key tile.
+  // On sm_90 the ranges of a row block run as one thread-block cluster and merge there (at most 8 of them).
   EXPECT_EQ(cuda::describe(plan_of(shape(1, 12, 12, 1, 448, 64, true))),
-            "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys");
+            "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys, cluster merge");
   const CudaPlan cross = plan_of(shape(1, 12, 12, 1, 1500, 64, false));
   EXPECT_EQ(cross.kernel, Kernel::TensorCore);
-  EXPECT_EQ(cross.splits, 12);
-  EXPECT_EQ(cross.split_keys, 128);
-  EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
+  EXPECT_TRUE(cross.cluster_merge);
+  EXPECT_EQ(cross.splits, 8);
+  EXPECT_EQ(cross.split_keys, 192);
+  // (the partials' scratch stays: a run whose pointers send it to the SIMT kernel takes the merge pass)
+  EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(8 * 12 * 64 * (3 + 64)) * 4);
+  // Elsewhere, or switched off, the merge pass: up to 12 ranges of 128 keys.
+  for (const bool sm90 : {false, true}) {
+    if (sm90) setenv("ATTNKIT_CUDA_CLUSTER", "0", 1);
+    const CudaPlan merged = plan_of(shape(1, 12, 12, 1, 1500, 64, false), sm90);
+    unsetenv("ATTNKIT_CUDA_CLUSTER");
+    EXPECT_EQ(merged.kernel, Kernel::TensorCore);
+    EXPECT_FALSE(merged.cluster_merge);
+    EXPECT_EQ(merged.splits, 12);
+    EXPECT_EQ(merged.split_keys, 128);
+    EXPECT_EQ(merged.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
+  }
 }
 
 TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {

@@ -1,0 +1,75 @@
+// The split-K merge inside a thread-block cluster (sm_90): the blocks of one row block's key ranges run as one
+// cluster, each leaves its partial rows in its own shared memory, and after a cluster barrier each block folds a
+// share of the rows from every block's shared memory (distributed shared memory) and writes them finished. No
+// partial goes through global memory and no merge kernel follows: for a decoder step (Whisper's 12 heads over
+// 448 or 1500 keys) the merge pass was a second launch on a grid that runs a few microseconds.
+//
+// The fold is split_merge.cu's, in the same order (range 0 first) with the same operations: a clustered run
+// gives the merge pass's bits (a test checks it), so a call cut into launches, or run without clusters, agrees.
+#pragma once
+
+#include "fragment_softmax.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#endif
+
+namespace attnkit::cuda {
+
+// Whether this compilation pass has the cluster merge (device code for sm_90 on): the kernels compile the
+// staging around it only then (the sm_80 build of the head-dim-32 kernel spilled with it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+inline constexpr bool kClusterMergeBuilt = true;
+#else
+inline constexpr bool kClusterMergeBuilt = false;
+#endif
+
+// Call with the whole block, which left its rows' partials at staged + r * (3 + D) for r < rows (store_partial_row),
+// after its last use of that shared memory by other threads. Rows r with r % splits == rank are this block's to
+// fold; a warp takes one row at a time, a lane columns lane + 32 i. `v_scale` was applied when staging.
+template <class T, int D, int kThreads>
+__device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, const BlockCoord& c, const RowTables& t,
+                                                      int rows, float* staged) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  static_assert(D % 32 == 0, "a lane's columns: lane + 32 i");
+  constexpr int kLaneColumns = D / 32;
+  constexpr int kWarps = kThreads / 32;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's partials staged (release / acquire: visible across the cluster)
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());  // = c.split: a cluster is a row block's ranges in order
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (int r = rank + splits * warp; r < rows; r += splits * kWarps) {
+    float max = core::kNegInf, sum = 0.0f;
+    bool poison = false;
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int i = 0; i < kLaneColumns; ++i) acc[i] = 0.0f;
+    for (int k = 0; k < splits; ++k) {
+      const float* part = cluster.map_shared_rank(staged, k) + r * (3 + D);
+      const float m = part[0], s = part[1];
+      poison |= part[2] != 0.0f;
+      float x[kLaneColumns];
+#pragma unroll
+      for (int i = 0; i < kLaneColumns; ++i) x[i] = part[3 + lane + 32 * i];
+      const core::MergeWeights w = core::merge_weights(max, m);
+      sum = fold_weighted(sum, w.wa, s, w.wb);
+#pragma unroll
+      for (int i = 0; i < kLaneColumns; ++i) acc[i] = fold_weighted(acc[i], w.wa, x[i], w.wb);
+      max = w.max;
+    }
+    const int head = t.head[r], query = t.query[r];
+    const core::RowFinish fin =
+        core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[head] : 0.0f, p.masked_rows);
+    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, head, query);
+#pragma unroll
+    for (int i = 0; i < kLaneColumns; ++i) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
+    if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, head, query)] = fin.lse;
+  }
+  cluster.sync();  // no block leaves (its shared memory) while another still reads it
+#endif
+}
+
+}  // namespace attnkit::cuda
