@@ -397,6 +397,7 @@ void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStr
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
     if (p.cluster_merge) {
+      allow_large_clusters<I::kernel>();
       launch_kernel_in_clusters(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, I::smem(), stream, false,
                                 static_cast<unsigned>(p.splits), p);
     } else {

@@ -19,8 +19,8 @@ struct DeviceTraits {
   std::function<int(CudaPlan::Kernel)> resident_blocks;
 };
 
-// The largest cluster the cluster merge asks for: the portable size (every sm_90 part schedules 8 blocks as one).
-inline constexpr std::int64_t kMaxClusterSplits = 8;
+// The largest cluster the cluster merge asks for: 16, the H100 / H200's non-portable limit (8 is portable).
+inline constexpr std::int64_t kMaxClusterSplits = 16;
 
 // Scratch starts with the key-length check's flag; the split-K partials follow it.
 inline constexpr std::size_t kFlagBytes = 256;

@@ -42,9 +42,6 @@ struct KernelParams {
   const std::int32_t* causal_offsets;  // per batch entry, or null
   float* lse;
   float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
-  // Split-K merged in thread-block clusters of `splits` blocks (CudaPlan::cluster_merge; cluster_merge.cuh):
-  // `partial` is not used.
-  bool cluster_merge;
   DeviceLayout lq, lk, lv, lo, lmask, llse;
   std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
   std::int64_t group, group_rows, row_blocks, splits, split_keys;
@@ -76,6 +73,10 @@ struct KernelParams {
   bool inputs_ready;
   MaskedRows masked_rows;
   bool plain;  // the plan's choice of the tile kernels' plain build (CudaPlan::plain); runs_plain checks the rest
+  // Split-K merged in thread-block clusters of `splits` blocks (CudaPlan::cluster_merge; cluster_merge.cuh):
+  // `partial` is not used. (Among the flags: a field before them moved every later one, and the head-dim-32
+  // plain kernel ran 2% slower so.)
+  bool cluster_merge;
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
 

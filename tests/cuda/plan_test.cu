@@ -73,17 +73,23 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
 
 TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
   // 12 heads, one query: 12 blocks would each walk every key; ranges down to one 64-key tile.
-  // On sm_90 the ranges of a row block run as one thread-block cluster and merge there (at most 8 of them).
+  // On sm_90 the ranges of a row block run as one thread-block cluster and merge there (at most 16 of them).
   EXPECT_EQ(cuda::describe(plan_of(shape(1, 12, 12, 1, 448, 64, true))),
             "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys, cluster merge");
   const CudaPlan cross = plan_of(shape(1, 12, 12, 1, 1500, 64, false));
   EXPECT_EQ(cross.kernel, Kernel::TensorCore);
   EXPECT_TRUE(cross.cluster_merge);
-  EXPECT_EQ(cross.splits, 8);
-  EXPECT_EQ(cross.split_keys, 192);
+  EXPECT_EQ(cross.splits, 12);
+  EXPECT_EQ(cross.split_keys, 128);
   // (the partials' scratch stays: a run whose pointers send it to the SIMT kernel takes the merge pass)
-  EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(8 * 12 * 64 * (3 + 64)) * 4);
-  // Elsewhere, or switched off, the merge pass: up to 12 ranges of 128 keys.
+  EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
+  // A split past 16 ranges: the merge pass.
+  setenv("ATTNKIT_CUDA_SPLITS", "32", 1);
+  const CudaPlan many = plan_of(shape(1, 12, 12, 1, 2048, 64, false));
+  unsetenv("ATTNKIT_CUDA_SPLITS");
+  EXPECT_EQ(many.splits, 32);
+  EXPECT_FALSE(many.cluster_merge);
+  // Elsewhere, or switched off, the merge pass over the same ranges.
   for (const bool sm90 : {false, true}) {
     if (sm90) setenv("ATTNKIT_CUDA_CLUSTER", "0", 1);
     const CudaPlan merged = plan_of(shape(1, 12, 12, 1, 1500, 64, false), sm90);
