@@ -62,6 +62,26 @@ TEST(Core, VisibilityRuleMatchesThePredicate) {
           }
 }
 
+// sees_every_key holds exactly when every row from 0 up (12 of them here) sees all keys, windows and wide offsets
+// included (it may say no for a window wider than every row's reach: it is a shortcut, never a wrong yes).
+TEST(Core, VisibilityRuleSeesEveryKeyOnlyWhenNoKeyIsHidden) {
+  for (bool causal : {false, true})
+    for (std::int64_t offset = -3; offset <= 14; ++offset)
+      for (std::int64_t window : {0, 1, 5, 100})
+        for (std::int64_t len = 1; len <= 11; ++len) {
+          const VisibilityRule rule{causal, offset, window};
+          bool all = true;
+          for (std::int64_t row = 0; row < 12; ++row) {
+            const core::KeyRange r = rule.for_row(row, len);
+            all = all && r.begin == 0 && r.end == len;
+          }
+          if (rule.sees_every_key(len)) {
+            EXPECT_TRUE(all) << "causal " << causal << " offset " << offset << " window " << window << " len " << len;
+          }
+          if (window == 0) EXPECT_EQ(rule.sees_every_key(len), all) << causal << " " << offset << " " << len;
+        }
+}
+
 TEST(Core, VisibilityRuleNamedCases) {
   const VisibilityRule none{};
   EXPECT_EQ(none.for_row(5, 10).begin, 0);

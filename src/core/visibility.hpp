@@ -40,6 +40,11 @@ struct VisibilityRule {
     return r;
   }
 
+  // Whether every row (0 and up) sees all of k_len keys, as without the rule: a causal limit at or past the last
+  // key for row 0 and no window (a decoder step's one query at the end of its keys). Per-batch offsets aside.
+  ATTNKIT_HD bool sees_every_key(std::int64_t k_len) const {
+    return !causal || (window == 0 && causal_offset >= k_len - 1);
+  }
   // Keys query `row` may see when its batch entry has `key_length` keys.
   ATTNKIT_HD KeyRange for_row(std::int64_t row, std::int64_t key_length) const {
     std::int64_t begin = 0;

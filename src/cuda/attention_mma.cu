@@ -118,8 +118,10 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
-  // Plain: every row sees the whole key range and Q's rows come from row_of, so no table and no barrier.
-  const BlockKeys keys = kPlain ? BlockKeys{0, static_cast<int>(p.k_len), 0, static_cast<int>(p.k_len)}
+  // Plain: every row sees the block's whole key range (all keys, or its range of a split merged in clusters) and
+  // Q's rows come from row_of, so no table and no barrier.
+  const BlockKeys keys = kPlain ? BlockKeys{static_cast<int>(c.key_begin), static_cast<int>(c.key_end),
+                                            static_cast<int>(c.key_begin), static_cast<int>(c.key_end)}
                                 : setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   ATTNKIT_PHASE(2)
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-  if constexpr (!kPlain && D <= 128 && kClusterMergeBuilt) {
+  if constexpr (D <= 128 && kClusterMergeBuilt) {
     if (p.cluster_merge) {
       // The partial rows go to this block's shared memory (Q and the tiles are free: the loop ended on a
       // barrier with no copy in flight), for the cluster's merge.
@@ -333,7 +335,10 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
         const int r = r0 + half * 8;
         if (r < rows) store_partial_row<D>(staged + r * (3 + D), half, o, row_max, row_sum, v_scale_at);
       }
-      merge_rows_in_cluster<T, D, kThreads>(p, c, tables, rows, staged);
+      const auto row_at = [&](int r) {
+        return kPlain ? row_of(p, c.kvh, first_row + r) : RowOf{tables.head[r], tables.query[r]};
+      };
+      merge_rows_in_cluster<T, D, kThreads>(p, c, row_at, rows, staged);
       return;
     }
   }

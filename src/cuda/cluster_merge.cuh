@@ -27,8 +27,9 @@ inline constexpr bool kClusterMergeBuilt = false;
 // Call with the whole block, which left its rows' partials at staged + r * (3 + D) for r < rows (store_partial_row),
 // after its last use of that shared memory by other threads. Rows r with r % splits == rank are this block's to
 // fold; a warp takes one row at a time, a lane columns lane + 32 i. `v_scale` was applied when staging.
-template <class T, int D, int kThreads>
-__device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, const BlockCoord& c, const RowTables& t,
+// row_at(r): the (head, query) of the block's row r (the row tables, or row_of in the plain build).
+template <class T, int D, int kThreads, class RowAt>
+__device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, const BlockCoord& c, RowAt row_at,
                                                       int rows, float* staged) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -60,7 +61,8 @@ __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, con
       for (int i = 0; i < kLaneColumns; ++i) acc[i] = fold_weighted(acc[i], w.wa, x[i], w.wb);
       max = w.max;
     }
-    const int head = t.head[r], query = t.query[r];
+    const RowOf row = row_at(r);
+    const int head = row.head, query = row.query;
     const core::RowFinish fin =
         core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[head] : 0.0f, p.masked_rows);
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, head, query);

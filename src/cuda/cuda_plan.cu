@@ -86,8 +86,10 @@ bool plain_problem(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  const bool every_key = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
+                         !p.has_causal_offsets;  // (a causal rule that hides nothing: a decoder step's query)
   return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
-         p.softcap.value_or(0.0f) == 0.0f && !p.causal && !quantized && output_chunks &&
+         p.softcap.value_or(0.0f) == 0.0f && every_key && !quantized && output_chunks &&
          env_value("ATTNKIT_CUDA_PLAIN") != "0";
 }
 
@@ -230,7 +232,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.blocks = base_blocks * plan.splits;
   plan.cluster_merge = clusters && plan.splits > 1 && plan.splits <= kMaxClusterSplits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
-               plan.splits == 1 && plain_problem(p);
+               (plan.splits == 1 || plan.cluster_merge) && plain_problem(p);
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.

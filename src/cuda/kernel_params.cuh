@@ -300,18 +300,20 @@ __host__ __device__ __forceinline__ bool folds_scale(const KernelParams& p) {
          p.transform.scale <= FLT_MAX;
 }
 
-// A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule, rotary, quantized cache or key split (but a
-// split tail), every output row on 16 bytes, and the launch's inputs ready at its start. The tile
-// kernels have a build for it with none of those compiled in (their `kPlain`): the encoder layers of BERT,
-// MiniLM or Whisper, whose short blocks run each instruction of their path about once. The plan chooses it
-// (CudaPlan::plain, for short key ranges); this re-checks what only the launch knows, and the rest.
+// A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule
+// that hides a key, rotary, quantized cache or key split (but a split tail, and a split merged in clusters), every
+// output row on 16 bytes, and the launch's inputs ready at its start. The tile kernels have a build for it with
+// none of those compiled in (their `kPlain`): the encoder layers of BERT, MiniLM or Whisper and Whisper's decoder
+// steps, whose short blocks run each instruction of their path about once. The plan chooses it (CudaPlan::plain,
+// for short key ranges); this re-checks what only the launch knows, and the rest.
 inline bool runs_plain(const KernelParams& p) {
   // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
   return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
-         !p.rule.causal && p.causal_offsets == nullptr && p.rotary.cos == nullptr && p.k_type == KvType::Float &&
-         p.v_type == KvType::Float && (p.partial == nullptr || p.tail_pieces > 1) && p.splits == 1 &&
+         p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
+         p.k_type == KvType::Float && p.v_type == KvType::Float &&
+         (p.partial == nullptr || p.tail_pieces > 1 || p.cluster_merge) && (p.splits == 1 || p.cluster_merge) &&
          p.inputs_ready && p.fast_coords && !p.heavy_first && folds_scale(p);
 }
 
@@ -328,7 +330,13 @@ __host__ __device__ __forceinline__ BlockCoord plain_block_coord(const KernelPar
   c.split = 0;
   c.key_begin = 0;
   c.key_end = p.k_len;
-  if (is_tail_piece(p, block)) {
+  if (p.cluster_merge) {  // (a split merged in clusters: ranges of split_keys, the split fastest)
+    const std::uint32_t n = p.div.splits.quotient(index);
+    c.split = p.div.splits.remainder(index, n);
+    index = n;
+    c.key_begin = c.split * p.split_keys;
+    c.key_end = min64(p.k_len, c.key_begin + p.split_keys);
+  } else if (is_tail_piece(p, block)) {
     const auto in_tail = static_cast<std::uint32_t>(block - p.tail_block);
     const std::uint32_t n = p.div.tail_pieces.quotient(in_tail);
     c.split = p.div.tail_pieces.remainder(in_tail, n);

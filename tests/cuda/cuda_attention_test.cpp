@@ -93,7 +93,7 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
 // the merge pass's bytes (ATTNKIT_CUDA_CLUSTER=0; ATTNKIT_CUDA_SPLITS gives both the same ranges: 4 over 448 keys
 // in granules of 64, 6 over 1000, 16 over 1024), against the reference with the LSE and the gaps untouched, and
 // the same bytes again when cut into one-cluster launches.
-// Shapes: Whisper's decoder step, and GQA rows (several per block, folded by different blocks of a cluster) with
+// Shapes: Whisper's decoder step (causal, its query sees every key: the plain build on sm_90), and GQA rows (several per block, folded by different blocks of a cluster) with
 // a causal rule, random key lengths (ranges with no key), a mask, a softcap, masked rows as zeros and head sinks.
 TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
   SKIP_WITHOUT_GPU();
@@ -101,7 +101,7 @@ TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
   check(cudaGetDeviceProperties(&prop, 0));
   struct Shape { std::int64_t batch, heads, kv, q, k, d; bool causal, extras; const char* splits; };
   // (the last: 16 ranges of 64 keys, the largest cluster)
-  for (const Shape s : {Shape{1, 12, 12, 1, 448, 64, false, false, "6"}, Shape{2, 8, 2, 5, 1000, 128, true, true, "6"},
+  for (const Shape s : {Shape{1, 12, 12, 1, 448, 64, true, false, "6"}, Shape{2, 8, 2, 5, 1000, 128, true, true, "6"},
                         Shape{3, 6, 3, 7, 1024, 32, false, true, "16"}}) {
     for (DType t : {DType::f16, DType::bf16}) {
       CaseSpec spec;
@@ -162,7 +162,10 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                         // the wgmma plain build's Q: group 3 (cp.async, 128 % 3 != 0), group 8 (TMA boxes of 8
                         // heads x 16 queries, rows past the queries' end read as zeros)
                         Shape{2, 24, 8, 150, 257, 64, LayoutKind::HeadFirst},
-                        Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst}}) {
+                        Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst},
+                        // Whisper's decoder steps: split, merged in clusters on sm_90 (the merge pass elsewhere)
+                        Shape{1, 12, 12, 1, 448, 64, LayoutKind::HeadFirst},
+                        Shape{2, 12, 12, 1, 1500, 64, LayoutKind::PositionsFirst}}) {
     for (DType t : {DType::f16, DType::bf16}) {
       CaseSpec spec;
       spec.name = "plain";

@@ -75,7 +75,7 @@ TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
   // 12 heads, one query: 12 blocks would each walk every key; ranges down to one 64-key tile.
   // On sm_90 the ranges of a row block run as one thread-block cluster and merge there (at most 16 of them).
   EXPECT_EQ(cuda::describe(plan_of(shape(1, 12, 12, 1, 448, 64, true))),
-            "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys, cluster merge");
+            "cuda.tensor-core 84 blocks of 64 rows, 41984 B shared, 132 SMs, split-k 7 x 64 keys, cluster merge, plain");
   const CudaPlan cross = plan_of(shape(1, 12, 12, 1, 1500, 64, false));
   EXPECT_EQ(cross.kernel, Kernel::TensorCore);
   EXPECT_TRUE(cross.cluster_merge);
@@ -119,7 +119,10 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).plain);
   EXPECT_FALSE(plan_of(shape(4, 16, 16, 4096, 4096, 128, false)).plain) << "long key ranges keep the general build";
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, true)).plain) << "causal";
-  EXPECT_FALSE(plan_of(shape(1, 12, 12, 1, 1500, 64, false)).plain) << "split in key ranges";
+  EXPECT_TRUE(plan_of(shape(1, 12, 12, 1, 448, 64, true)).plain) << "causal, but its one query sees every key";
+  EXPECT_FALSE(plan_of(shape(1, 12, 12, 2, 448, 64, true)).plain) << "the first of two queries misses a key";
+  EXPECT_TRUE(plan_of(shape(1, 12, 12, 1, 1500, 64, false)).plain) << "split, merged in clusters (sm_90)";
+  EXPECT_FALSE(plan_of(shape(1, 12, 12, 1, 1500, 64, false), /*sm90=*/false).plain) << "split, the merge pass";
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, false, DType::f32)).plain) << "float32 (tf32 kernel)";
   EXPECT_FALSE(plan_of(shape(2, 4, 4, 128, 128, 256, false)).plain) << "head dim 256";
   AttentionProblem masked = AttentionProblem::head_first(8, 12, 12, 128, 128, 64, DType::f16);
