@@ -4,8 +4,9 @@
 // partial goes through global memory and no merge kernel follows: for a decoder step (Whisper's 12 heads over
 // 448 or 1500 keys) the merge pass was a second launch on a grid that runs a few microseconds.
 //
-// The fold is split_merge.cu's, in the same order (range 0 first) with the same operations: a clustered run
-// gives the merge pass's bits (a test checks it), so a call cut into launches, or run without clusters, agrees.
+// The fold is split_merge.cu's (kernel_params.cuh, warp_max: the largest max, then the weighted sums in range order)
+// with the same operations: a clustered run gives the merge pass's bits (a test checks it), so a call cut into
+// launches, or run without clusters, agrees.
 #pragma once
 
 #include "fragment_softmax.cuh"
@@ -43,23 +44,30 @@ __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, con
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   for (int r = rank + splits * warp; r < rows; r += splits * kWarps) {
-    float max = core::kNegInf, sum = 0.0f;
+    // Lane k < splits: block k's state of the row.
+    float part_max = core::kNegInf, part_sum = 0.0f;
     bool poison = false;
-    float acc[kLaneColumns];
+    if (lane < splits) {
+      const float* part = cluster.map_shared_rank(staged, lane) + r * (3 + D);
+      part_max = part[0];
+      part_sum = part[1];
+      poison = part[2] != 0.0f;
+    }
+    const float max = warp_max(part_max);
+    const float part_weight = core::rescale_factor(part_max, max);
+    poison = __any_sync(0xffffffffu, poison);
+    float sum = 0.0f, acc[kLaneColumns];
 #pragma unroll
     for (int i = 0; i < kLaneColumns; ++i) acc[i] = 0.0f;
     for (int k = 0; k < splits; ++k) {
       const float* part = cluster.map_shared_rank(staged, k) + r * (3 + D);
-      const float m = part[0], s = part[1];
-      poison |= part[2] != 0.0f;
       float x[kLaneColumns];
 #pragma unroll
       for (int i = 0; i < kLaneColumns; ++i) x[i] = part[3 + lane + 32 * i];
-      const core::MergeWeights w = core::merge_weights(max, m);
-      sum = fold_weighted(sum, w.wa, s, w.wb);
+      const float w = __shfl_sync(0xffffffffu, part_weight, k);
+      sum = add_weighted(sum, __shfl_sync(0xffffffffu, part_sum, k), w);
 #pragma unroll
-      for (int i = 0; i < kLaneColumns; ++i) acc[i] = fold_weighted(acc[i], w.wa, x[i], w.wb);
-      max = w.max;
+      for (int i = 0; i < kLaneColumns; ++i) acc[i] = add_weighted(acc[i], x[i], w);
     }
     const RowOf row = row_at(r);
     const int head = row.head, query = row.query;

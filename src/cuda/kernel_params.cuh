@@ -357,11 +357,18 @@ __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std
 }
 
 // Writes a finished row (or its split-K partial) from an unnormalised accumulator element.
-// a wa + b wb as the split-K merges compute it, rounded the same way wherever it is compiled (the merge pass and
-// the cluster merge give the same bits): the first product rounded, the second fused into the add.
-__device__ __forceinline__ float fold_weighted(float a, float wa, float b, float wb) {
-  return __fmaf_rn(b, wb, __fmul_rn(a, wa));
+// The split-K merges (the merge pass, split_merge.cu, and the cluster merge, cluster_merge.cuh) fold a row's
+// partials (max m_k, sum s_k, accumulator x_k) in two steps, the same operations in both so that they give the
+// same bits: M = the largest m_k, then, in range order, sum += s_k w_k and acc += x_k w_k with w_k = exp(m_k - M)
+// (core::rescale_factor). The weights do not depend on each other: one exponential per range, all at once, where a
+// running merge (core::merge_weights) chains two per range. The largest of a warp's values (exact in any order):
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int lanes = 16; lanes >= 1; lanes /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, lanes));
+  return x;
 }
+// One term of the weighted sums, rounded once (no contraction choice left to the compiler).
+__device__ __forceinline__ float add_weighted(float total, float x, float w) { return __fmaf_rn(x, w, total); }
 
 __device__ __forceinline__ float finished_value(const core::RowFinish& fin, float acc) {
   return fin.acc_scale == 0.0f ? 0.0f : acc * fin.acc_scale;

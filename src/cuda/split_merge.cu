@@ -13,10 +13,9 @@ constexpr int kMaxColumnsPerLane = 8;  // v_head_dim <= 256
 constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are folded
 
 // One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. The
-// fold runs in range order, as the core's merge rule says, one split after the other: (max, sum) and each
-// lane's columns move onto the new max together. The fold is a short chain of multiply-adds; what costs is
-// reading the partials, so lane j loads the state of split j of each group of 32 (shuffled to every lane when
-// its turn comes) and the columns of 8 splits are loaded before any of them is folded.
+// fold (kernel_params.cuh, warp_max): the largest range max first, then each range's weight, then the weighted
+// sums in range order. Lane j loads the state of split j of each group of 32 (its weight is shuffled to every
+// lane when its turn comes) and the columns of 8 splits are loaded before any of them is folded.
 // first_base: the row block (a whole-block index) of blockIdx.x 0, whose partials start the buffer (a split
 // tail's merge: CudaPlan::tail_pieces ranges per row block, from its first split row block on).
 template <class T>
@@ -36,17 +35,22 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
   const int splits = static_cast<int>(p.splits);
   float max = core::kNegInf, sum = 0.0f;
   bool poison = false;
+  for (int k = lane; k < splits; k += 32) {
+    const float* part = first_part + k * stride;
+    max = fmaxf(max, part[0]);
+    poison |= part[2] != 0.0f;
+  }
+  max = warp_max(max);
   float acc[kMaxColumnsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = 0.0f;
   for (int group = 0; group < splits; group += 32) {
     const int in_group = min(32, splits - group);
-    float part_max = core::kNegInf, part_sum = 0.0f;
+    float part_weight = 0.0f, part_sum = 0.0f;
     if (lane < in_group) {
       const float* part = first_part + (group + lane) * stride;
-      part_max = part[0];
+      part_weight = core::rescale_factor(part[0], max);
       part_sum = part[1];
-      poison |= part[2] != 0.0f;
     }
     for (int k0 = 0; k0 < in_group; k0 += kSplitsInFlight) {
       float x[kSplitsInFlight][kMaxColumnsPerLane];
@@ -61,14 +65,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
       }
 #pragma unroll
       for (int k = 0; k < kSplitsInFlight; ++k) {
-        const float m = __shfl_sync(0xffffffffu, part_max, (k0 + k) % 32);
+        const float w = __shfl_sync(0xffffffffu, part_weight, (k0 + k) % 32);
         const float s = __shfl_sync(0xffffffffu, part_sum, (k0 + k) % 32);
         if (k0 + k >= in_group) continue;
-        const core::MergeWeights w = core::merge_weights(max, m);
-        sum = fold_weighted(sum, w.wa, s, w.wb);
+        sum = add_weighted(sum, s, w);
 #pragma unroll
-        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = fold_weighted(acc[i], w.wa, x[k][i], w.wb);
-        max = w.max;
+        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = add_weighted(acc[i], x[k][i], w);
       }
     }
   }
