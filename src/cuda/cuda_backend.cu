@@ -248,21 +248,19 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // and 261.3 / 169.2 µs without (batch 64 x 4k / batch 8 x 32k), while the wgmma steps gained 0-2%.
   const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && overlap_previous &&
                    plan.kernel == CudaPlan::Kernel::Warpgroup;
-  const auto params_for = [&](const CudaPlan& launched, float* partials) {
-    KernelParams k = make_params(p, a, launched, partials);
-    if (rotary != nullptr) k.rotary = *rotary;
-    k.plain = launched.plain;
-    k.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
-    return k;
-  };
-  KernelParams params = params_for(plan, partial);
+  KernelParams params = make_params(p, a, plan, partial);
+  if (rotary != nullptr) params.rotary = *rotary;
+  params.plain = plan.plain;
+  params.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
   if (plan.tail_pieces > 1 && !runs_plain(params)) {
     // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
     // blocks then, with no partial.
     plan.blocks = plan.tail_block + (plan.blocks - plan.tail_block) / plan.tail_pieces;
     plan.tail_block = plan.tail_pieces = plan.tail_piece_keys = 0;
     plan.partial_bytes = 0;
-    params = params_for(plan, nullptr);
+    params = make_params(p, a, plan, nullptr);
+    if (rotary != nullptr) params.rotary = *rotary;
+    params.plain = plan.plain;
   }
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
