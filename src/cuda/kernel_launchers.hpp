@@ -31,9 +31,6 @@ void allow_max_dynamic_smem() {
   (void)done;
 }
 
-// Launches kernel<<<grid, threads, smem, stream>>>(args...); with `overlap`, as a programmatic dependent launch
-// (it may start while the stream's previous kernel runs: the kernel must call wait_for_prior_grids() before it
-// reads what that kernel writes). Errors are left for the caller's cudaGetLastError.
 // Lets `Kernel` run in clusters of up to 16 blocks (sm_90 parts schedule them; 8 is the portable size).
 template <auto Kernel>
 void allow_large_clusters() {
@@ -45,8 +42,11 @@ void allow_large_clusters() {
   (void)done;
 }
 
-// cluster > 1: blocks in thread-block clusters of that many along x (sm_90; the grid a multiple of it; above 8,
-// allow_large_clusters first).
+// Launches kernel<<<grid, threads, smem, stream>>>(args...); with `overlap`, as a programmatic dependent launch
+// (it may start while the stream's previous kernel runs: the kernel must call wait_for_prior_grids() before it
+// reads what that kernel writes); with cluster > 1, in thread-block clusters of that many blocks along x (sm_90;
+// the grid a multiple of it; above 8, allow_large_clusters first). Errors are left for the caller's
+// cudaGetLastError.
 template <class... Params, class... Args>
 void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem,
                                cudaStream_t stream, bool overlap, unsigned cluster, Args&&... args) {
