@@ -34,6 +34,9 @@ __host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim 
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
 constexpr int kSlots = 2;  // K and V tiles in flight
+// Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums): 1024 bytes on the
+// swizzle pattern's alignment, which any 16 x 8 K-major view stays inside.
+constexpr int kOnesBytes = 1024;
 [[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
@@ -63,12 +66,12 @@ constexpr int raw_slots() {
   return std::is_same_v<S, Int4Tag> ? 2 * kSlots : kSlots;
 }
 
-// Q, the K and V slots, (quantized) the raw slots, the barriers, the row tables, and 1024 bytes to align the
-// tiles on the swizzle pattern.
+// Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers, the row tables, and
+// 1024 bytes to align the tiles on the swizzle pattern.
 template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, S>();
-  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) +
+  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
                       (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
@@ -188,7 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint8_t* const vs = ks + kSlots * kTileBytes;               // [kSlots][D / 64][kTileKeys][64]
   std::uint8_t* const raw_k = vs + kSlots * kTileBytes;            // quantized: [kRawSlots][kTileKeys][kRawRow]
   std::uint8_t* const raw_v = raw_k + kRawSlots * kRawTileBytes;
-  auto* const bars = reinterpret_cast<std::uint64_t*>(raw_v + kRawSlots * kRawTileBytes);
+  std::uint8_t* const ones = raw_v + kRawSlots * kRawTileBytes;  // [kOnesBytes], 1024-byte aligned like the tiles
+  auto* const bars = reinterpret_cast<std::uint64_t*>(ones + kOnesBytes);
   std::uint64_t* const k_full = bars;
   std::uint64_t* const v_full = bars + kSlots;
   std::uint64_t* const k_empty = bars + 2 * kSlots;
@@ -303,6 +307,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
     load_q(0, false);  // the consumers' rows
+  }
+  // The ones, by producer threads that have nothing else to do yet; the block barrier below publishes them.
+  if (tid >= 32 && tid < 32 + kOnesBytes / 16) {
+    const std::uint32_t one = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;  // (1, 1) in T
+    *reinterpret_cast<uint4*>(ones + (tid - 32) * 16) = uint4{one, one, one, one};
+    sm90::fence_proxy_async();
   }
   ATTNKIT_PHASE(2)
   // Plain: every row sees the block's whole key range, and the barrier only publishes the initialised mbarriers.
@@ -434,11 +444,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[D / 8][4];
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  // At head dims up to 64 the rows' sums of the rounded P come from the tensor cores, P 1 in `sums` (every column
+  // holds its row's sum), which the MMAs of O += P V carry along: rescaled by the same alpha, summed in the same
+  // order of tiles. Two float32 instructions fewer per score than converting P back and adding (the softmax, not
+  // the MMAs, is what a head-dim-64 tile waits for); row_sum then holds the softmax's poison only (NaN: a +inf
+  // maximum), else 0. Above, float32 adds as before (the 4 registers made the general builds spill at 168).
+  constexpr bool kSumsOnTensorCores = D <= 64;
+  float sums[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   float row_max[2] = {core::kNegInf, core::kNegInf};
   float row_sum[2] = {0.0f, 0.0f};
   float alpha[2] = {1.0f, 1.0f};
   std::uint32_t a[kTileKeys / 16][4];  // P of the previous tile, until its MMA is done
   const std::uint32_t q_addr = sm90::smem_u32(qs) + warpgroup * 64 * 128;
+  const std::uint64_t ones_desc = sm90::swizzle128_desc(sm90::smem_u32(ones), 16, 1024);
 
   // V of tile t ready for O += P V: its slot full and, in a partial tile, the rows of keys outside [lo, hi)
   // zeroed, so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf).
@@ -487,6 +505,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                         kTileKeys * 128, 1024));
       }
     }
+    if constexpr (kSumsOnTensorCores) {
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) sm90::RowSums<T>::rs(sums, a[kk], ones_desc);
+    }
     sm90::commit();
   };
   auto release = [&](std::uint64_t* bar) {
@@ -506,10 +528,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
   };
   auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {
-    float tile_sum[2] = {0.0f, 0.0f};
+    if constexpr (kSumsOnTensorCores) {
 #pragma unroll
-    for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probabilities<T, kTileKeys>(s, kk, a[kk], tile_sum);
-    add_tile_sums(tile_sum, row_sum);
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probability_operand<T, kTileKeys>(s, kk, a[kk]);
+    } else {
+      float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probabilities<T, kTileKeys>(s, kk, a[kk], tile_sum);
+      add_tile_sums(tile_sum, row_sum);
+    }
+  };
+  // O and the sums times alpha before the next P V (rescale_accumulator's, one vote for both).
+  auto rescale = [&] {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (!__all_sync(0xffffffffu, alpha[half] == 1.0f)) {
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+          o[t][half * 2] *= alpha[half];
+          o[t][half * 2 + 1] *= alpha[half];
+        }
+        if constexpr (kSumsOnTensorCores) {
+          sums[0][half * 2] *= alpha[half];
+          sums[0][half * 2 + 1] *= alpha[half];
+        }
+      }
+    }
   };
 
   // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
@@ -535,10 +579,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
     // and the other warpgroup's turn.
     const int slot = t % kSlots;
-    rescale_accumulator<D>(o, alpha);
+    rescale();
     prepare_v(t - 1);
     sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
     sm90::pin(o);
+    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
     float s[kTileKeys / 8][4];
 #pragma unroll
@@ -555,22 +600,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax_tile(t, s);
     sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
     sm90::pin(o);
+    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     sm90::pin(a);
     release(&v_empty[(t - 1) % kSlots]);
     pack_p(s);
   }
   ATTNKIT_PHASE(6)
   if (tiles > 0) {
-    rescale_accumulator<D>(o, alpha);
+    rescale();
     prepare_v(tiles - 1);
     sm90::pin(o);
+    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     sm90::fence();
     issue_pv(tiles - 1);
     sm90::wait<0>();
     sm90::pin(o);
+    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     sm90::pin(a);
   }
   ATTNKIT_PHASE(7)
+  if constexpr (kSumsOnTensorCores) {
+    row_sum[0] += sums[0][0];
+    row_sum[1] += sums[0][2];
+  }
   if constexpr (kPlain) {
     if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
       for (int half = 0; half < 2; ++half) {

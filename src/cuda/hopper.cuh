@@ -1,8 +1,9 @@
 // Hopper (sm_90a) primitives of the wgmma kernel: the warpgroup MMA (shared-memory matrix descriptors with the
 // 128-byte swizzle, the fence / commit / wait protocol, m64nNk16 float16 / bfloat16 MMAs with float32
-// accumulators for N = 64 and 128), the tensor memory accelerator (TMA) tile load, shared-memory barriers
-// (mbarrier) and named barriers. Accumulators are the m16n8 fragments of fragment_softmax.cuh, one warp's 16
-// rows each: d[j][0..3] holds columns 8 j + 2 (lane % 4) + {0, 1} of rows lane / 4 and lane / 4 + 8.
+// accumulators for N = 64 and 128, and N = 8 against ones for rows' sums), the tensor memory accelerator (TMA)
+// tile load, shared-memory barriers (mbarrier) and named barriers. Accumulators are the m16n8 fragments of
+// fragment_softmax.cuh, one warp's 16 rows each: d[j][0..3] holds columns 8 j + 2 (lane % 4) + {0, 1} of rows
+// lane / 4 and lane / 4 + 8.
 #pragma once
 
 #include <cstdint>
@@ -169,6 +170,26 @@ struct Wgmma;
 
 ATTNKIT_DEFINE_WGMMA(__half, "f16")
 ATTNKIT_DEFINE_WGMMA(__nv_bfloat16, "bf16")
+
+// d += A 1: the rows' sums of A (64 x 16, registers, as in rs) on the tensor cores, in an m64n8 accumulator
+// whose 8 columns all hold the row's sum. `ones` describes 1024 bytes of ones in the element type, 1024-byte
+// aligned (any K-major 16 x 8 view of it reads ones only).
+template <class T>
+struct RowSums;
+#define ATTNKIT_DEFINE_ROW_SUMS(CT, PT)                                                                         \
+  template <>                                                                                                   \
+  struct RowSums<CT> {                                                                                          \
+    static __device__ __forceinline__ void rs(float (&d)[1][4], const std::uint32_t (&a)[4], std::uint64_t ones) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"                                                 \
+                   "wgmma.mma_async.sync.aligned.m64n8k16.f32." PT "." PT " {%0, %1, %2, %3}, "                \
+                   "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"                                                    \
+                   : ATTNKIT_ACC4(d, 0)                                                                        \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(ones), "r"(1));                           \
+    }                                                                                                           \
+  };
+ATTNKIT_DEFINE_ROW_SUMS(__half, "f16")
+ATTNKIT_DEFINE_ROW_SUMS(__nv_bfloat16, "bf16")
+#undef ATTNKIT_DEFINE_ROW_SUMS
 
 #undef ATTNKIT_DEFINE_WGMMA
 #undef ATTNKIT_REGS64
