@@ -227,9 +227,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // stream waits for both to release each slot.
   const bool solo = rows <= 64;
   const int consumer_threads = solo ? 128 : kConsumerThreads;
-  // The warpgroups take turns on the tensor cores (without turns at head dim 64 the H200 ran fa3_h64_s4k in 1,608
-  // against 1,513 us).
-  const bool turns = !solo;
   // Tile t of K and V (keys from t0) into its slots by TMA, once the consumers have freed them.
   auto issue_kv_tile = [&](int t, int t0) {
     const int slot = t % kSlots;
@@ -447,12 +444,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[D / 8][4];
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-  // At head dims up to 64 the rows' sums of the rounded P of every tile but the last come from the tensor cores,
-  // P 1 in `sums` (every column holds its row's sum), which the MMAs of O += P V carry along: rescaled by the same
-  // alpha, summed in the same order of tiles. Two float32 instructions fewer per score than converting P back and
-  // adding (the softmax, not the MMAs, is what a head-dim-64 tile waits for). row_sum holds the last tile's sum
-  // (float32 adds) and the softmax's poison (NaN: a +inf maximum); the two add up at the end. Above head dim 64,
-  // float32 adds for every tile (the 4 registers made the general builds spill at 168).
+  // At head dims up to 64 the rows' sums of the rounded P come from the tensor cores, P 1 in `sums` (every column
+  // holds its row's sum), which the MMAs of O += P V carry along: rescaled by the same alpha, summed in the same
+  // order of tiles. Two float32 instructions fewer per score than converting P back and adding (the softmax, not
+  // the MMAs, is what a head-dim-64 tile waits for); row_sum then holds the softmax's poison only (NaN: a +inf
+  // maximum), else 0. Above, float32 adds as before (the 4 registers made the general builds spill at 168).
   constexpr bool kSumsOnTensorCores = D <= 64;
   float sums[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   float row_max[2] = {core::kNegInf, core::kNegInf};
@@ -497,8 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
   // two halves keep each MMA's operand list at 64 registers).
   constexpr int kOutN = D > 128 ? 128 : D;
-  // with_sums: the tiles before the last (a compile-time choice: a branch among the MMAs serialises them).
-  auto issue_pv = [&](int t, auto with_sums) {
+  auto issue_pv = [&](int t) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + (t % kSlots) * kTileBytes);
 #pragma unroll
     for (int h = 0; h < D / kOutN; ++h) {
@@ -510,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                         kTileKeys * 128, 1024));
       }
     }
-    if constexpr (kSumsOnTensorCores && decltype(with_sums)::value) {
+    if constexpr (kSumsOnTensorCores) {
 #pragma unroll
       for (int kk = 0; kk < kTileKeys / 16; ++kk) sm90::RowSums<T>::rs(sums, a[kk], ones_desc);
     }
@@ -532,10 +527,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
   };
-  // The last tile's sums in float32 adds: a one-tile block (BERT at 128 tokens) then waits for no MMA more than
-  // before (5.39 against 5.16 us with every tile's sums on the tensor cores).
-  auto pack_p = [&](float (&s)[kTileKeys / 8][4], bool last) {
-    if (kSumsOnTensorCores && !last) {
+  auto pack_p = [&](float (&s)[kTileKeys / 8][4]) {
+    if constexpr (kSumsOnTensorCores) {
 #pragma unroll
       for (int kk = 0; kk < kTileKeys / 16; ++kk) pack_probability_operand<T, kTileKeys>(s, kk, a[kk]);
     } else {
@@ -569,17 +562,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[kTileKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    if (turns && warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
+    if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
     sm90::mbarrier_wait(&k_full[0], 0);
-    if (turns) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
     sm90::fence();
     issue_qk(0, s);
-    if (turns && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+    if (!solo && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
     sm90::wait<0>();
     sm90::pin(s);
     release(&k_empty[0]);
     softmax_tile(0, s);
-    pack_p(s, tiles == 1);
+    pack_p(s);
     ATTNKIT_PHASE(5)
   }
   for (int t = 1; t < tiles; ++t) {
@@ -591,14 +584,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
     sm90::pin(o);
     if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-    if (turns) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
     float s[kTileKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     sm90::fence();
     issue_qk(t, s);
-    issue_pv(t - 1, std::true_type{});
-    if (turns && (warpgroup == 0 || t + 1 < tiles)) {
+    issue_pv(t - 1);
+    if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
       sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
     }
     sm90::wait<1>();
@@ -610,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     sm90::pin(a);
     release(&v_empty[(t - 1) % kSlots]);
-    pack_p(s, t + 1 == tiles);
+    pack_p(s);
   }
   ATTNKIT_PHASE(6)
   if (tiles > 0) {
@@ -619,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::pin(o);
     if constexpr (kSumsOnTensorCores) sm90::pin(sums);
     sm90::fence();
-    issue_pv(tiles - 1, std::false_type{});
+    issue_pv(tiles - 1);
     sm90::wait<0>();
     sm90::pin(o);
     if constexpr (kSumsOnTensorCores) sm90::pin(sums);
