@@ -111,6 +111,9 @@ void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream
 // warpgroup_maps (false: TMA cannot describe the layout).
 inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
+// Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
+// registers per thread).
+constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma
@@ -119,7 +122,7 @@ struct WarpgroupMaps {
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
 std::int64_t warpgroup_rows(KvType type);
-bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);
+bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);  // (warpgroup_maps.cu)
 // overlap: a programmatic dependent launch (the kernel waits for the stream's previous kernel before it reads
 // Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths, causal
 // offsets or rotary first positions read before that).

@@ -1,0 +1,131 @@
+// The wgmma kernel's TMA descriptors (host code): K and V as 4-d tensors whose boxes are the kernel's tiles in
+// the 128-byte swizzle, and the plain build's Q in boxes of one block's rows. attention_wgmma.cu reads them.
+#include "kernel_launchers.hpp"
+
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace attnkit::cuda {
+namespace {
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// cuTensorMapEncodeTiled with the last few maps kept per thread. A map describes an address and a geometry only
+// (no driver resource), so the same arguments give the same map; a decode loop asks for the same ones every
+// step, and the encode is host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
+bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, const cuuint64_t (&dims)[4],
+                   const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle) {
+  const auto fn = encode_tiled();
+  if (fn == nullptr) return false;
+  struct Entry {
+    std::uintptr_t start;
+    cuuint64_t dims[4], strides[3];
+    cuuint32_t box[4];
+    int element, swizzle;
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry entries[kEntries];
+  thread_local int used = 0, next = 0;
+  const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
+                  {strides[0], strides[1], strides[2]}, {box[0], box[1], box[2], box[3]},
+                  static_cast<int>(element), static_cast<int>(swizzle), {}};
+  const auto same = [&](const Entry& e) {
+    return e.start == key.start && e.element == key.element && e.swizzle == key.swizzle &&
+           std::equal(e.box, e.box + 4, key.box) && std::equal(e.dims, e.dims + 4, key.dims) &&
+           std::equal(e.strides, e.strides + 3, key.strides);
+  };
+  for (int i = 0; i < used; ++i) {
+    if (same(entries[i])) {
+      map = entries[i].map;
+      return true;
+    }
+  }
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  entries[next] = key;
+  entries[next].map = map;
+  next = (next + 1) % kEntries;
+  used = used < kEntries ? used + 1 : kEntries;
+  return true;
+}
+
+// K or V as a 4-d tensor (head dim, key, K/V head, batch) whose boxes are 64 x 128 tiles in the 128-byte
+// swizzle; keys past k_len read as zeros. A quantized cache: a tensor of bytes (stored row, key, K/V head,
+// batch) whose boxes are whole stored rows of 128 keys, unswizzled (the converting warps read them).
+bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype,
+                   KvType type) {
+  const bool quantized = type != KvType::Float;
+  // Bytes per stored value, as a fraction: 2 (float16 / bfloat16), 1 (int8), 1 / 2 (int4).
+  const std::int64_t num = quantized ? 1 : 2, den = type == KvType::Int4 ? 2 : 1;
+  for (std::int64_t x : {l.offset, l.row_stride, l.head_stride, l.batch_stride}) {
+    if (x * num % den != 0) return false;
+  }
+  const std::int64_t row_bytes = p.head_dim * num / den;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(quantized ? row_bytes : p.head_dim),
+                              static_cast<cuuint64_t>(p.k_len), static_cast<cuuint64_t>(p.kv_heads),
+                              static_cast<cuuint64_t>(p.batch)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride * num / den),
+                           static_cast<cuuint64_t>(l.head_stride * num / den),
+                           static_cast<cuuint64_t>(l.batch_stride * num / den)};
+  // A dimension of extent 1 never steps: give it a stride TMA accepts whatever the layout says.
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
+  }
+  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(p.head_dim));
+  const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
+  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
+  const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                      : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode_cached(map, element, start, dims, strides, box,
+                       quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's 128 rows in
+// row_of's order (`group` heads fastest, then 128 / group queries), 64 columns per box, in the 128-byte swizzle;
+// queries past q_len read as zeros. Only where a block's rows start on a query: 128 % group == 0.
+bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
+  const std::int64_t g = p.group;
+  if (!p.plain || g < 1 || 128 % g != 0 || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  const DeviceLayout& l = p.lq;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.heads),
+                              static_cast<cuuint64_t>(p.q_len), static_cast<cuuint64_t>(p.batch)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.head_stride * 2), static_cast<cuuint64_t>(l.row_stride * 2),
+                           static_cast<cuuint64_t>(l.batch_stride * 2)};
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
+  }
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(g), static_cast<cuuint32_t>(128 / g), 1};
+  void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(p.q) + l.offset * 2);
+  return encode_cached(map,
+                       dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                       start, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+}  // namespace
+
+bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
+  maps.q_by_tma = encode_q_map(maps.q, p, dtype) ? 1 : 0;
+  return encode_kv_map(maps.k, p.k, p.lk, p, dtype, p.k_type) && encode_kv_map(maps.v, p.v, p.lv, p, dtype, p.v_type);
+}
+
+}  // namespace attnkit::cuda
