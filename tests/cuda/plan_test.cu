@@ -38,7 +38,7 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
 
 TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 85128 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 86152 B shared, 132 SMs, plain");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 48);
@@ -51,7 +51,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 384 blocks of 128 rows, 85128 B shared, 132 SMs, plain");
+            "cuda.wgmma 384 blocks of 128 rows, 86152 B shared, 132 SMs, plain");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -146,7 +146,7 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
   EXPECT_EQ(cuda::describe(whisper),
-            "cuda.wgmma 204 blocks of 128 rows, 85128 B shared, 132 SMs, plain, tail of 12 row blocks in 6 x 256 keys");
+            "cuda.wgmma 204 blocks of 128 rows, 86152 B shared, 132 SMs, plain, tail of 12 row blocks in 6 x 256 keys");
   EXPECT_EQ(whisper.tail_block, 132);
   EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 64) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
