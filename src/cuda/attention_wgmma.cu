@@ -34,13 +34,9 @@ static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128)
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
 constexpr int kSlots = 2;  // K and V tiles in flight
-// At head dims up to 64 the rows' sums of P come from the tensor cores (the kernel says why): ones in the element
-// type are the B operand of that MMA (sm90::RowSums), 1024 bytes on the swizzle pattern's alignment, which any
-// 16 x 8 K-major view stays inside. None above.
-template <int D>
-constexpr bool kRowSumsOnTensorCores = D <= 64;
-template <int D>
-constexpr int kOnesBytes = kRowSumsOnTensorCores<D> ? 1024 : 0;
+// Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums): 1024 bytes on the
+// swizzle pattern's alignment, which any 16 x 8 K-major view stays inside.
+constexpr int kOnesBytes = 1024;
 [[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
@@ -75,7 +71,7 @@ constexpr int raw_slots() {
 template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, S>();
-  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes<D> +
+  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
                       (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
@@ -196,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint8_t* const raw_k = vs + kSlots * kTileBytes;            // quantized: [kRawSlots][kTileKeys][kRawRow]
   std::uint8_t* const raw_v = raw_k + kRawSlots * kRawTileBytes;
   std::uint8_t* const ones = raw_v + kRawSlots * kRawTileBytes;  // [kOnesBytes], 1024-byte aligned like the tiles
-  auto* const bars = reinterpret_cast<std::uint64_t*>(ones + kOnesBytes<D>);
+  auto* const bars = reinterpret_cast<std::uint64_t*>(ones + kOnesBytes);
   std::uint64_t* const k_full = bars;
   std::uint64_t* const v_full = bars + kSlots;
   std::uint64_t* const k_empty = bars + 2 * kSlots;
@@ -313,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_q(0, false);  // the consumers' rows
   }
   // The ones, by producer threads that have nothing else to do yet; the block barrier below publishes them.
-  if (kRowSumsOnTensorCores<D> && tid >= 32 && tid < 32 + kOnesBytes<D> / 16) {
+  if (tid >= 32 && tid < 32 + kOnesBytes / 16) {
     const std::uint32_t one = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;  // (1, 1) in T
     *reinterpret_cast<uint4*>(ones + (tid - 32) * 16) = uint4{one, one, one, one};
     sm90::fence_proxy_async();
@@ -453,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // order of tiles. Two float32 instructions fewer per score than converting P back and adding (the softmax, not
   // the MMAs, is what a head-dim-64 tile waits for); row_sum then holds the softmax's poison only (NaN: a +inf
   // maximum), else 0. Above, float32 adds as before (the 4 registers made the general builds spill at 168).
-  constexpr bool kSumsOnTensorCores = kRowSumsOnTensorCores<D>;
+  constexpr bool kSumsOnTensorCores = D <= 64;
   float sums[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   float row_max[2] = {core::kNegInf, core::kNegInf};
   float row_sum[2] = {0.0f, 0.0f};
