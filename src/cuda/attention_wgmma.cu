@@ -35,7 +35,8 @@ constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
 constexpr int kSlots = 2;  // K and V tiles in flight
 // Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums): 1024 bytes on the
-// swizzle pattern's alignment, which any 16 x 8 K-major view stays inside.
+// swizzle pattern's alignment, which any 16 x 8 K-major view stays inside. Filled at every head dim though only
+// head dim 64 reads them: leaving them out above measured no gain (bench/results/2026-11-30-h200-cuda-row-sums.md).
 constexpr int kOnesBytes = 1024;
 [[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
