@@ -2,7 +2,8 @@
 // and V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
 //
 // A block owns 128 rows ((query, head) pairs of one K/V head): two consumer warpgroups of 64 rows and one
-// producer warpgroup (one thread issues the copies; its registers go to the consumers). The producer streams the block's key range in tiles of 128 keys through two K and two V
+// producer warpgroup (one thread issues the copies; its registers go to the consumers). At head dim 64 a block
+// owns 64 rows on one consumer warpgroup and two blocks share an SM (kPairedBlocks). The producer streams the block's key range in tiles of 128 keys through two K and two V
 // slots with TMA (each slot has a "full" barrier the TMA completes and an "empty" one the consumers' warps
 // arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks
 // of a row XOR-ed with row % 8; Q is copied the same way once), so S = Q Kᵀ reads both operands straight from
@@ -32,7 +33,6 @@ static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128)
                   tile_keys_for(256) == warpgroup_tile_keys(256),
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
 constexpr int kConsumerThreads = 256;
-constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces (one thread drives the TMA)
 constexpr int kSlots = 2;  // K and V tiles in flight
 // Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums): 1024 bytes on the
 // swizzle pattern's alignment, which any 16 x 8 K-major view stays inside. Filled at every head dim though only
@@ -41,7 +41,7 @@ constexpr int kOnesBytes = 1024;
 [[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
-[[maybe_unused]] constexpr int kConsumerRegisters = 240;
+[[maybe_unused]] constexpr int kConsumerRegisters = 240;  // (24 + 2 x 240) / 3 = 168, a block of 384 threads
 // Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the consumers' zero-fill barrier, 4 Q.
 [[maybe_unused]] constexpr int kTurnBarrier = 1;
 [[maybe_unused]] constexpr int kZeroFillBarrier = 3;
@@ -58,9 +58,23 @@ constexpr std::size_t tile_bytes(int rows) {
 // keep the same bytes in flight.
 template <class T, class S>
 constexpr bool kQuantizedStorage = !std::is_same_v<S, T>;
-template <class T, class S>
+// Head dim 64, K/V of the query's type: blocks of 64 rows on one consumer warpgroup (no turns), two per SM
+// (256 threads at 128 registers; the consumers take 232 of the producer's). Each SM still holds 128 rows, but
+// the two blocks run apart: one's start (barriers, Q, the first tile's latency) and finish pass under the
+// other's tiles, where a 128-row block's warpgroups wait for each other's turns and start and end together
+// (bench/results/2026-11-30-h200-cuda-paired-blocks.md: bert_b1_s512 9.9 -> 7.9 us, bert_b8_s512 27.1 -> 25.5).
+// A 64 x 64 accumulator and 128-key scores fit the 232 registers; head dims 128 and 256 need a 128-row
+// block's shared memory per SM and keep it.
+template <class T, int D, class S>
+constexpr bool kPairedBlocks = D == 64 && !kQuantizedStorage<T, S>;
+template <class T, int D, class S>
 constexpr int block_rows() {
-  return kQuantizedStorage<T, S> ? 64 : kRows;
+  return kQuantizedStorage<T, S> || kPairedBlocks<T, D, S> ? 64 : kRows;
+}
+// Warpgroup 0 produces (one thread drives the TMA); one or two consume.
+template <class T, int D, class S>
+constexpr int block_threads() {
+  return kPairedBlocks<T, D, S> ? 256 : 128 + kConsumerThreads;
 }
 template <class S>
 constexpr int raw_slots() {
@@ -71,7 +85,7 @@ constexpr int raw_slots() {
 // 1024 bytes to align the tiles on the swizzle pattern.
 template <class T, int D, class S>
 constexpr std::size_t smem_bytes_for() {
-  constexpr int rows = block_rows<T, S>();
+  constexpr int rows = block_rows<T, D, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
                       (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
@@ -174,14 +188,14 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
 // 2026-11-30-h200-short-prologue.md).
 template <class T, int D, class S, bool kPlain>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, S> ? 2 : 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-8 below, printed by the first consumer thread
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
-  constexpr int kBlockRows = block_rows<T, S>();
+  constexpr int kBlockRows = block_rows<T, D, S>();
   constexpr int kTileKeys = tile_keys_for(D);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
   constexpr int kRawSlots = raw_slots<S>();
@@ -226,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
   // warpgroup 0 alone, without turns: warpgroup 1 would spend the tensor cores on padding rows while the
   // stream waits for both to release each slot.
-  const bool solo = rows <= 64;
+  const bool solo = kPairedBlocks<T, D, S> || rows <= 64;
   const int consumer_threads = solo ? 128 : kConsumerThreads;
   // Tile t of K and V (keys from t0) into its slots by TMA, once the consumers have freed them.
   auto issue_kv_tile = [&](int t, int t0) {
@@ -270,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // a one-tile block's). Not in a launch that overlaps the previous kernel (the GQA pre-pass writes Q and K/V)
   // nor from a quantized cache (its raw ring) nor with a rotary (Q goes through the rotation after the setup).
   const bool early = kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0));
-  // The plain build takes Q by TMA where the host could describe it (a box of `group` heads x 128 / group
+  // The plain build takes Q by TMA where the host could describe it (a box of `group` heads x rows / group
   // queries is the block's rows in row_of's order): one thread's copies instead of every consumer thread's
   // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
   // issue, bench/results/2026-11-30-h200-cuda-split-tail.md). Rows past the queries' end arrive as zeros.
@@ -362,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
-  sm90::set_max_registers_inc<kConsumerRegisters>();
+  sm90::set_max_registers_inc<kPairedBlocks<T, D, S> ? 232 : kConsumerRegisters>();
   if (solo && warp >= 8) {
     // A quantized cache: warpgroup 1 turns each raw tile into an element-type tile of the stored integers in
     // the K / V slot (rows past k_len arrive as zeros from the TMA), then frees the raw slot and fills the other.
@@ -660,7 +674,8 @@ void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_
                    bool overlap) {
   constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain>;
   allow_max_dynamic_smem<kernel>();
-  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), kThreads, smem_bytes_for<T, D, S>(), stream, overlap, p, maps);
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block_threads<T, D, S>(), smem_bytes_for<T, D, S>(), stream,
+                overlap, p, maps);
 }
 
 // Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so), and so is the plain
@@ -696,7 +711,21 @@ std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type) {
                            : smem_bytes_for<__half, 256, __half>();
 }
 
-std::int64_t warpgroup_rows(KvType type) { return type == KvType::Float ? kWarpgroupRows : 64; }
+std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type) {
+  return type == KvType::Float && head_dim != 64 ? kWarpgroupRows : 64;
+}
+
+int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
+  if (head_dim != 64 || type != KvType::Float) return 1;
+  // (The plain build's instance stands for both builds: the same threads, registers and shared memory.)
+  using Half = __half;
+  using Brain = __nv_bfloat16;
+  static const int half_blocks = resident_blocks_per_sm<attention_wgmma_kernel<Half, 64, Half, false>>(
+      block_threads<Half, 64, Half>(), smem_bytes_for<Half, 64, Half>());
+  static const int brain_blocks = resident_blocks_per_sm<attention_wgmma_kernel<Brain, 64, Brain, false>>(
+      block_threads<Brain, 64, Brain>(), smem_bytes_for<Brain, 64, Brain>());
+  return dtype == DType::f16 ? half_blocks : brain_blocks;
+}
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream, bool overlap) {

@@ -141,7 +141,7 @@ DeviceTraits device_traits(const AttentionProblem& p) {
       case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
       case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
       case CudaPlan::Kernel::DecodeMma: return decode_mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
-      case CudaPlan::Kernel::Warpgroup: return 1;
+      case CudaPlan::Kernel::Warpgroup: return warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
       case CudaPlan::Kernel::Simt:
       case CudaPlan::Kernel::Tf32: break;
     }

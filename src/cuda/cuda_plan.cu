@@ -130,7 +130,8 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // Tensor cores first wherever they apply: even a decode step with 4 of a tile's 64 rows used reads the cache
   // faster through them than the CUDA-core decode kernel, whose 8 multiply-adds per K/V element (4 rows)
   // leave it compute-bound (docs/benchmarks.md).
-  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel when its
+  // On Hopper, shapes with more than one 64-row tile per K/V head (prefill) take the wgmma kernel at head dim 64
+  // (its 64-row blocks, below), and at 128 and 256 when its
   // grid (one 128-row block per SM at a time) fills its last wave to 80% or more, or is one wave of a quarter of
   // the SMs or more: a grid just past a whole number of waves (whisper's 144 blocks on 132 SMs) runs faster as
   // the mma.sync kernel's smaller blocks, two or more per SM, while a grid of one partial wave does not (BERT's
@@ -147,11 +148,16 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       env_value("ATTNKIT_CUDA_DECODE_MMA") != "0") {
     return CudaPlan::Kernel::DecodeMma;
   }
-  const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, kWarpgroupRows);
+  const std::int64_t warpgroup_row_block = warpgroup_rows(p.head_dim, p.k_storage.type);
+  const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, warpgroup_row_block);
+  // At head dim 64 the wgmma kernel's blocks are the mma.sync kernel's 64 rows, two per SM: the same grid, so no
+  // wave count speaks for mma.sync (BERT's 24 blocks of 128 keys: 4.19 against 4.46 us;
+  // bench/results/2026-11-30-h200-cuda-paired-blocks.md).
+  const bool paired = !quantized && warpgroup_row_block == kRowBlock;
   // In the plain build, a grid just past whole waves runs faster on the wgmma kernel too (Whisper's encoder,
   // 144 blocks: 47.4 against 48.3 us on mma.sync; bench/results/2026-11-30-h200-cuda-plain-build.md).
   const bool whole_waves =
-      (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
+      paired || (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
       warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
       (plain_problem(p) && warpgroup_blocks * 4 >= sms);
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
@@ -185,7 +191,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   const bool decode_mma = plan.kernel == CudaPlan::Kernel::DecodeMma;
   plan.row_block = decode       ? kDecodeRows
                    : decode_mma ? kDecodeMmaRows
-                   : warpgroup  ? warpgroup_rows(p.k_storage.type)
+                   : warpgroup  ? warpgroup_rows(p.head_dim, p.k_storage.type)
                                 : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
@@ -237,11 +243,13 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
+  // (In blocks the SMs hold at once: two per SM at head dim 64, 288 row blocks on 264 places.)
   if (plan.plain && warpgroup && plan.splits == 1 && env_value("ATTNKIT_CUDA_TAIL") != "0") {
-    const std::int64_t tail = base_blocks % sms;
+    const std::int64_t places = sms * device.resident_blocks(plan.kernel);
+    const std::int64_t tail = base_blocks % places;
     const std::int64_t tiles = ceil_div(p.k_len, kWarpgroupTileKeys);
-    if (base_blocks > sms && tail > 0 && 2 * tail <= sms && tiles >= kTailMinTiles) {
-      const std::int64_t piece_tiles = std::max(kTailPieceTiles, ceil_div(tail * tiles, sms));
+    if (base_blocks > places && tail > 0 && 2 * tail <= places && tiles >= kTailMinTiles) {
+      const std::int64_t piece_tiles = std::max(kTailPieceTiles, ceil_div(tail * tiles, places));
       const std::int64_t pieces = ceil_div(tiles, piece_tiles);
       if (pieces > 1) {
         plan.tail_block = base_blocks - tail;

@@ -107,8 +107,8 @@ void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream
 
 // attention_wgmma.cu: Hopper (sm_90a) wgmma + TMA for float16 / bfloat16, head dim 64, 128 or 256 (= v_head_dim), K/V
 // of the query's type or (head dims 64 and 128) int8 / int4, both alike; rows aligned to 16 bytes. 128 rows per
-// block (quantized: 64). Launch only on a compute capability 9.0 device, with the TMA descriptors of K and V from
-// warpgroup_maps (false: TMA cannot describe the layout).
+// block (head dim 64 or quantized: 64, warpgroup_rows). Launch only on a compute capability 9.0 device, with the
+// TMA descriptors of K and V from warpgroup_maps (false: TMA cannot describe the layout).
 inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
@@ -121,7 +121,9 @@ struct WarpgroupMaps {
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
-std::int64_t warpgroup_rows(KvType type);
+std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type);
+// Blocks per SM: 2 at head dim 64 from K/V of the query's type (64-row blocks of one consumer warpgroup), else 1.
+int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);  // (warpgroup_maps.cu)
 // overlap: a programmatic dependent launch (the kernel waits for the stream's previous kernel before it reads
 // Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths, causal

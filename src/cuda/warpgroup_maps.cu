@@ -100,12 +100,13 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
                        quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's 128 rows in
-// row_of's order (`group` heads fastest, then 128 / group queries), 64 columns per box, in the 128-byte swizzle;
-// queries past q_len read as zeros. Only where a block's rows start on a query: 128 % group == 0.
+// The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's rows (64 or 128)
+// in row_of's order (`group` heads fastest, then rows / group queries), 64 columns per box, in the 128-byte
+// swizzle; queries past q_len read as zeros. Only where a block's rows start on a query: rows % group == 0.
 bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   const std::int64_t g = p.group;
-  if (!p.plain || g < 1 || 128 % g != 0 || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  const std::int64_t rows = warpgroup_rows(p.head_dim, KvType::Float);
+  if (!p.plain || g < 1 || rows % g != 0 || (p.head_dim != 64 && p.head_dim != 128)) return false;
   const DeviceLayout& l = p.lq;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.heads),
                               static_cast<cuuint64_t>(p.q_len), static_cast<cuuint64_t>(p.batch)};
@@ -114,7 +115,7 @@ bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(g), static_cast<cuuint32_t>(128 / g), 1};
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(g), static_cast<cuuint32_t>(rows / g), 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(p.q) + l.offset * 2);
   return encode_cached(map,
                        dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

@@ -149,7 +149,8 @@ TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
 // The tile kernels' plain build (CudaPlan::plain: no mask, rule, softcap, sink or split compiled in) gives the
 // bits of their general build (ATTNKIT_CUDA_PLAIN=0) on plain problems: partial tiles, padded row blocks, GQA,
 // a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched. (The wgmma plain
-// build takes Q by TMA where 128 % group == 0 and by cp.async elsewhere; the general build always by cp.async.)
+// build takes Q by TMA where a block's rows (64 at head dim 64, else 128) are a multiple of the group and by
+// cp.async elsewhere; the general build always by cp.async.)
 TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   SKIP_WITHOUT_GPU();
   struct Shape { std::int64_t batch, heads, kv, q, k, d; LayoutKind layout; };
@@ -159,7 +160,7 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                         Shape{1, 4, 4, 300, 1500, 64, LayoutKind::PositionsFirst},
                         Shape{2, 4, 1, 65, 1, 128, LayoutKind::HeadFirst},
                         Shape{1, 16, 16, 200, 333, 128, LayoutKind::HeadFirst},
-                        // the wgmma plain build's Q: group 3 (cp.async, 128 % 3 != 0), group 8 (TMA boxes of 8
+                        // the wgmma plain build's Q: group 3 (cp.async, 64 % 3 != 0), group 8 (TMA boxes of 8
                         // heads x 16 queries, rows past the queries' end read as zeros)
                         Shape{2, 24, 8, 150, 257, 64, LayoutKind::HeadFirst},
                         Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst},
@@ -201,7 +202,8 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   }
 }
 
-// A plain grid just past whole waves of the wgmma kernel (an H200: 132 SMs) splits its tail row blocks in key
+// A plain grid just past whole waves of the wgmma kernel (head dim 64: two blocks of 64 rows per SM; 136 heads of
+// 100 queries are 272 row blocks on 264 places of an H200) splits its tail row blocks in key
 // ranges merged after (CudaPlan::tail_pieces): against the reference (O and the LSE, the gaps untouched), the same
 // bytes in a second run and cut into one-block launches, and within the tolerance of the unsplit plan.
 TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
@@ -223,7 +225,7 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device));
     if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
-      EXPECT_NE(kernel.find("tail of 4 row blocks in 3 x 256 keys"), std::string::npos) << kernel;
+      EXPECT_NE(kernel.find("tail of 8 row blocks in 3 x 256 keys"), std::string::npos) << kernel;
     }
     dev.run(op);
     EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;

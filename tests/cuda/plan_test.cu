@@ -1,7 +1,8 @@
 // The CUDA plan's policy (src/cuda/cuda_plan.cu) on the host, with the device described by hand: no GPU needed,
 // so this runs in CI. Each expectation is a rule of the plan (docs/design.md, "The CUDA kernels"), on the
 // PERF.md shapes and an H200-like device (132 SMs, compute capability 9.0, 3 mma.sync blocks per SM at head dims
-// 32 and 64); the describe() strings of several of them were read off the H200 (bench/results/).
+// 32 and 64, 2 wgmma blocks at head dim 64 and 1 above); the describe() strings of several of them were read off
+// the H200 (bench/results/).
 #include <cuda/cuda_plan.hpp>
 
 #include "core/problem_check.hpp"
@@ -17,11 +18,13 @@ namespace {
 using cuda::CudaPlan;
 using Kernel = CudaPlan::Kernel;
 
-cuda::DeviceTraits h200(bool sm90 = true) {
+cuda::DeviceTraits h200(std::int64_t head_dim, bool sm90 = true) {
   cuda::DeviceTraits d;
   d.sm_count = 132;
   d.sm90 = sm90;
-  d.resident_blocks = [](Kernel k) { return k == Kernel::Warpgroup ? 1 : k == Kernel::TensorCore ? 3 : 2; };
+  d.resident_blocks = [head_dim](Kernel k) {
+    return k == Kernel::Warpgroup ? (head_dim == 64 ? 2 : 1) : k == Kernel::TensorCore ? 3 : 2;
+  };
   return d;
 }
 
@@ -33,42 +36,61 @@ AttentionProblem shape(std::int64_t b, std::int64_t h, std::int64_t hkv, std::in
 }
 
 CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special = true) {
-  return cuda::plan_for(p, allow_special, h200(sm90));
+  return cuda::plan_for(p, allow_special, h200(p.head_dim, sm90));
 }
 
-TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
+// Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
+TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 96 blocks of 128 rows, 86152 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(bert_b1_s512.blocks, 48);
+  EXPECT_EQ(bert_b1_s512.blocks, 96);
   EXPECT_EQ(bert_b1_s512.splits, 1) << "a 512-key range is not split (the merge of every row costs more)";
-  // 12 blocks of 128 rows: twice as many mma.sync blocks of 64 rows on twice the SMs.
   const CudaPlan bert_b1_s128 = plan_of(shape(1, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(bert_b1_s128.kernel, Kernel::TensorCore);
+  EXPECT_EQ(bert_b1_s128.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s128.blocks, 24);
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 128, 128, 64, false), /*sm90=*/false).kernel, Kernel::TensorCore);
+}
+
+// Head dims 128 and 256: one 128-row block per SM.
+TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
+  const CudaPlan h128 = plan_of(shape(8, 12, 12, 128, 128, 128, false));
+  EXPECT_EQ(h128.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(h128.blocks, 96);
+  // 12 blocks of 128 rows: twice as many mma.sync blocks of 64 rows on twice the SMs.
+  const CudaPlan tiny = plan_of(shape(1, 12, 12, 128, 128, 128, false));
+  EXPECT_EQ(tiny.kernel, Kernel::TensorCore);
+  EXPECT_EQ(tiny.blocks, 24);
 }
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 384 blocks of 128 rows, 86152 B shared, 132 SMs, plain");
+            "cuda.wgmma 768 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
   EXPECT_EQ(llama_prefill.splits, 1);
   // 144 blocks of 128 rows are one wave and 9% of another: the mma.sync kernel's 288 smaller blocks instead,
   // except in the plain build (no mask, rule, ...), where the wgmma kernel still runs it faster.
-  AttentionProblem masked = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 64, DType::f16);
+  AttentionProblem masked = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 128, DType::f16);
   masked.has_mask = true;
   masked.mask = Layout::head_first(12, 1500, 1500);
   const CudaPlan whisper_masked = plan_of(core::normalize_and_check(masked));
   EXPECT_EQ(whisper_masked.kernel, Kernel::TensorCore);
   EXPECT_EQ(whisper_masked.blocks, 12 * 24);
   EXPECT_EQ(whisper_masked.splits, 1);
-  const CudaPlan whisper_enc = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(whisper_enc.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(whisper_enc.blocks, 132 + 12 * 6) << "the 12 row blocks past the first wave split in 6 ranges";
-  EXPECT_TRUE(whisper_enc.plain);
+  const CudaPlan whisper_plain = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
+  EXPECT_EQ(whisper_plain.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(whisper_plain.blocks, 132 + 12 * 6) << "the 12 row blocks past the first wave split in 6 ranges";
+  EXPECT_TRUE(whisper_plain.plain);
+  // At head dim 64 the masked encoder takes the wgmma kernel's 64-row blocks too.
+  AttentionProblem masked64 = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 64, DType::f16);
+  masked64.has_mask = true;
+  masked64.mask = Layout::head_first(12, 1500, 1500);
+  const CudaPlan whisper_masked64 = plan_of(core::normalize_and_check(masked64));
+  EXPECT_EQ(whisper_masked64.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(whisper_masked64.blocks, 12 * 24);
 }
 
 TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
@@ -140,17 +162,17 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
-// A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder: 144 row
-// blocks of 12 tiles on 132 SMs); a tail of half the SMs or more, a short key range, a grid of one wave, the
-// general build and ATTNKIT_CUDA_TAIL=0 do not.
+// A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder: 288 row
+// blocks of 12 tiles, two per SM on 132 SMs); a tail of half the places or more, a short key range, a grid of
+// one wave, the general build and ATTNKIT_CUDA_TAIL=0 do not.
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
   EXPECT_EQ(cuda::describe(whisper),
-            "cuda.wgmma 204 blocks of 128 rows, 86152 B shared, 132 SMs, plain, tail of 12 row blocks in 6 x 256 keys");
-  EXPECT_EQ(whisper.tail_block, 132);
-  EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 64) * sizeof(float));
+            "cuda.wgmma 408 blocks of 64 rows, 76936 B shared, 132 SMs, plain, tail of 24 row blocks in 6 x 256 keys");
+  EXPECT_EQ(whisper.tail_block, 264);
+  EXPECT_EQ(whisper.partial_bytes, std::size_t{144} * 64 * (3 + 64) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
-  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "384 blocks: a tail of 120";
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 240";
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
   EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, true)).tail_pieces, 0) << "causal: the general build";
