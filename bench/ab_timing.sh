@@ -2,7 +2,8 @@
 # A/B of builds of the timing tool (bench/cuda_timing.cpp) in one device run: DIR holds timing_<variant> binaries
 # (and lib/ with the shared libraries they need, from scripts/gpu-bundle); every variant runs every case three
 # times, alternating, and the table keeps each one's fastest CUDA-graph time (float16). Raw lines: $OUT/ab.txt.
-# A variant `name@VAR=value` runs timing_name with that environment variable set (a plan switch, say).
+# A variant `name@VAR=value` runs timing_name with that environment variable set (a plan switch, say); a case
+# shape:B,H,HKV,SQ,SK,D[,causal] times that shape.
 #   usage: bench/ab_timing.sh DIR variant [variant ...]   (the ratio column: last variant / first)
 set -euo pipefail
 dir=$1; shift
@@ -13,7 +14,10 @@ for round in 1 2 3; do
   for v in "$@"; do
     bin=${v%%@*} setting=()
     [[ "$v" == *@* ]] && setting=("${v#*@}")
-    for c in $cases; do env "${setting[@]}" "$dir/timing_$bin" "$c" float16 | tail -n +2 | sed "s/^/$v r$round /"; done
+    # (a shape:B,H,... case prints as "shape": its spec names it in the table)
+    for c in $cases; do
+      env "${setting[@]}" "$dir/timing_$bin" "$c" float16 | tail -n +2 | sed "s/^shape /$c /; s/^/$v r$round /"
+    done
   done
 done >"$OUT/ab.txt"
 python3 - "$OUT/ab.txt" <<'PY'
