@@ -35,6 +35,14 @@ AttentionProblem shape(std::int64_t b, std::int64_t h, std::int64_t hkv, std::in
   return core::normalize_and_check(p);
 }
 
+// Whisper's encoder shape (12 heads, 1500 tokens) with a mask: the general build.
+AttentionProblem masked_encoder(std::int64_t head_dim) {
+  AttentionProblem p = AttentionProblem::head_first(1, 12, 12, 1500, 1500, head_dim, DType::f16);
+  p.has_mask = true;
+  p.mask = Layout::head_first(12, 1500, 1500);
+  return core::normalize_and_check(p);
+}
+
 CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special = true) {
   return cuda::plan_for(p, allow_special, h200(p.head_dim, sm90));
 }
@@ -73,10 +81,7 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(llama_prefill.splits, 1);
   // 144 blocks of 128 rows are one wave and 9% of another: the mma.sync kernel's 288 smaller blocks instead,
   // except in the plain build (no mask, rule, ...), where the wgmma kernel still runs it faster.
-  AttentionProblem masked = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 128, DType::f16);
-  masked.has_mask = true;
-  masked.mask = Layout::head_first(12, 1500, 1500);
-  const CudaPlan whisper_masked = plan_of(core::normalize_and_check(masked));
+  const CudaPlan whisper_masked = plan_of(masked_encoder(128));
   EXPECT_EQ(whisper_masked.kernel, Kernel::TensorCore);
   EXPECT_EQ(whisper_masked.blocks, 12 * 24);
   EXPECT_EQ(whisper_masked.splits, 1);
@@ -85,10 +90,7 @@ TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(whisper_plain.blocks, 132 + 12 * 6) << "the 12 row blocks past the first wave split in 6 ranges";
   EXPECT_TRUE(whisper_plain.plain);
   // At head dim 64 the masked encoder takes the wgmma kernel's 64-row blocks too.
-  AttentionProblem masked64 = AttentionProblem::head_first(1, 12, 12, 1500, 1500, 64, DType::f16);
-  masked64.has_mask = true;
-  masked64.mask = Layout::head_first(12, 1500, 1500);
-  const CudaPlan whisper_masked64 = plan_of(core::normalize_and_check(masked64));
+  const CudaPlan whisper_masked64 = plan_of(masked_encoder(64));
   EXPECT_EQ(whisper_masked64.kernel, Kernel::Warpgroup);
   EXPECT_EQ(whisper_masked64.blocks, 12 * 24);
 }
