@@ -3,9 +3,9 @@
 //
 // A block owns 128 rows ((query, head) pairs of one K/V head): two consumer warpgroups of 64 rows and one
 // producer warpgroup (one thread issues the copies; its registers go to the consumers). At head dim 64 a block
-// owns 64 rows on one consumer warpgroup and two blocks share an SM (kPairedBlocks). The producer streams the block's key range in tiles of 128 keys through two K and two V
-// slots with TMA (each slot has a "full" barrier the TMA completes and an "empty" one the consumers' warps
-// arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks
+// owns 64 rows on one consumer warpgroup and two blocks share an SM (kPairedBlocks). The producer streams the
+// block's key range in tiles of 128 keys through two K and two V slots with TMA (each slot has a "full" barrier
+// the TMA completes and an "empty" one the consumers' warps arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks
 // of a row XOR-ed with row % 8; Q is copied the same way once), so S = Q Kᵀ reads both operands straight from
 // shared memory, and O += P V takes P from registers (S's accumulator layout is the A-operand layout) and V
 // from shared memory as an N-major operand.
@@ -717,7 +717,7 @@ std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type) {
 
 int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
   if (head_dim != 64 || type != KvType::Float) return 1;
-  // (The plain build's instance stands for both builds: the same threads, registers and shared memory.)
+  // (The general build's instance stands for both builds: the same threads, registers and shared memory.)
   using Half = __half;
   using Brain = __nv_bfloat16;
   static const int half_blocks = resident_blocks_per_sm<attention_wgmma_kernel<Half, 64, Half, false>>(
