@@ -1,14 +1,14 @@
 // The Hopper tensor-core attention kernel (sm_90a: wgmma, TMA) for float16 / bfloat16, head dims 64, 128, 256, K
 // and V of the query's type, rows starting on 16 bytes. Other GPUs and shapes run attention_mma.cu.
 //
-// A block owns 128 rows ((query, head) pairs of one K/V head): two consumer warpgroups of 64 rows and one
-// producer warpgroup (one thread issues the copies; its registers go to the consumers). At head dim 64 a block
-// owns 64 rows on one consumer warpgroup and two blocks share an SM (kPairedBlocks). The producer streams the
-// block's key range in tiles of 128 keys through two K and two V slots with TMA (each slot has a "full" barrier
-// the TMA completes and an "empty" one the consumers' warps arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64] elements, the 16-byte chunks
-// of a row XOR-ed with row % 8; Q is copied the same way once), so S = Q Kᵀ reads both operands straight from
-// shared memory, and O += P V takes P from registers (S's accumulator layout is the A-operand layout) and V
-// from shared memory as an N-major operand.
+// A block owns 128 rows ((query, head) pairs of one K/V head): two consumer warpgroups of 64 rows and one producer
+// warpgroup (one thread issues the copies; its registers go to the consumers). At head dim 64 a block owns 64 rows
+// on one consumer warpgroup and two blocks share an SM (kPairedBlocks). The producer streams the block's key range
+// in tiles of 128 keys through two K and two V slots with TMA (each slot has a "full" barrier the TMA completes and
+// an "empty" one the consumers' warps arrive on). Tiles land in wgmma's 128-byte-swizzle layout ([D / 64][rows][64]
+// elements, the 16-byte chunks of a row XOR-ed with row % 8; Q is copied the same way once), so S = Q Kᵀ reads both
+// operands straight from shared memory, and O += P V takes P from registers (S's accumulator layout is the A-operand
+// layout) and V from shared memory as an N-major operand.
 //
 // The two consumer warpgroups take turns on the tensor cores (named barriers): each issues S_t = Q K_tᵀ and the
 // previous tile's O += P_{t-1} V_{t-1} back to back, hands over, and then runs tile t's softmax while the other
