@@ -28,7 +28,7 @@ namespace {
 
 constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
 // Keys per tile (warpgroup_tile_keys, on the device too).
-__host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim > 128 ? 64 : 128; }
+__host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim == 128 ? 128 : 64; }
 static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128) == warpgroup_tile_keys(128) &&
                   tile_keys_for(256) == warpgroup_tile_keys(256),
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
@@ -188,7 +188,7 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
 // 2026-11-30-h200-short-prologue.md).
 template <class T, int D, class S, bool kPlain>
-__global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, S> ? 2 : 1)
+__global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, S> ? 3 : 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-8 below, printed by the first consumer thread
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, 
 
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
-  sm90::set_max_registers_inc<kPairedBlocks<T, D, S> ? 232 : kConsumerRegisters>();
+  sm90::set_max_registers_inc<kPairedBlocks<T, D, S> ? 136 : kConsumerRegisters>();
   if (solo && warp >= 8) {
     // A quantized cache: warpgroup 1 turns each raw tile into an element-type tile of the stored integers in
     // the K / V slot (rows past k_len arrive as zeros from the TMA), then frees the raw slot and fills the other.

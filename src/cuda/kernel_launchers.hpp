@@ -113,7 +113,7 @@ inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
 // registers per thread).
-constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
+constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim == 128 ? 128 : 64; }
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma
