@@ -27,10 +27,13 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
-// Keys per tile (warpgroup_tile_keys, on the device too).
-__host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim == 128 ? 128 : 64; }
+// Keys per tile (warpgroup_tile_keys, on the device too); `three`: the build of three blocks per SM.
+__host__ __device__ constexpr int tile_keys_for(int head_dim, bool three = false) {
+  return three || head_dim > 128 ? 64 : 128;
+}
 static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128) == warpgroup_tile_keys(128) &&
-                  tile_keys_for(256) == warpgroup_tile_keys(256),
+                  tile_keys_for(256) == warpgroup_tile_keys(256) &&
+                  tile_keys_for(64, true) == warpgroup_tile_keys(64, true),
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
 constexpr int kConsumerThreads = 256;
 constexpr int kSlots = 2;  // K and V tiles in flight
@@ -65,8 +68,17 @@ constexpr bool kQuantizedStorage = !std::is_same_v<S, T>;
 // (bench/results/2026-11-30-h200-cuda-paired-blocks.md: bert_b1_s512 9.9 -> 7.9 us, bert_b8_s512 27.1 -> 25.5).
 // A 64 x 64 accumulator and 128-key scores fit the 232 registers; head dims 128 and 256 need a 128-row
 // block's shared memory per SM and keep it.
+// kThree (KernelParams::three_per_sm, the plan's choice): three such blocks per SM (80 registers at launch, the
+// consumers take 136), in tiles of 64 keys, whose scores fit those registers. Each SM holds 192 rows, the way
+// FlashAttention-3 runs head dim 64 with three consumer warpgroups, at the cost of shorter tiles (their per-tile
+// waits and votes twice as often): faster on grids of several rounds of plain blocks, slower on one round
+// (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
 template <class T, int D, class S>
 constexpr bool kPairedBlocks = D == 64 && !kQuantizedStorage<T, S>;
+template <class T, int D, class S, bool kThree>
+constexpr int blocks_per_sm() {
+  return kPairedBlocks<T, D, S> ? (kThree ? 3 : 2) : 1;
+}
 template <class T, int D, class S>
 constexpr int block_rows() {
   return kQuantizedStorage<T, S> || kPairedBlocks<T, D, S> ? 64 : kRows;
@@ -83,10 +95,10 @@ constexpr int raw_slots() {
 
 // Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers, the row tables, and
 // 1024 bytes to align the tiles on the swizzle pattern.
-template <class T, int D, class S>
+template <class T, int D, class S, bool kThree = false>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, D, S>();
-  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
+  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D, kThree)) + kOnesBytes +
                       (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
@@ -187,8 +199,8 @@ __device__ void load_rotated_query(std::uint8_t* qs, int layout_rows, int rows, 
 // rotary or split compiled in. A one-tile block runs every instruction of its path once, fetched cold, and the
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
 // 2026-11-30-h200-short-prologue.md).
-template <class T, int D, class S, bool kPlain>
-__global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, S> ? 3 : 1)
+template <class T, int D, class S, bool kPlain, bool kThree>
+__global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, S, kThree>())
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-8 below, printed by the first consumer thread
@@ -196,7 +208,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, 
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
   constexpr int kBlockRows = block_rows<T, D, S>();
-  constexpr int kTileKeys = tile_keys_for(D);
+  static_assert(!kThree || kPairedBlocks<T, D, S>, "three blocks per SM: the paired build only");
+  constexpr int kTileKeys = tile_keys_for(D, kThree);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
   constexpr int kRawSlots = raw_slots<S>();
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
@@ -376,7 +389,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, 
 
   // Consumers. Per thread: rows r0 = 16 w + lane / 4 and r0 + 8 of consumer warp w (consumer warpgroup g has
   // rows [64 g, 64 g + 64)).
-  sm90::set_max_registers_inc<kPairedBlocks<T, D, S> ? 136 : kConsumerRegisters>();
+  // (24 + 232) / 2 = 128 and (24 + 136) / 2 = 80: the registers of two and three blocks per SM.
+  sm90::set_max_registers_inc<!kPairedBlocks<T, D, S> ? kConsumerRegisters : kThree ? 136 : 232>();
   if (solo && warp >= 8) {
     // A quantized cache: warpgroup 1 turns each raw tile into an element-type tile of the stored integers in
     // the K / V slot (rows past k_len arrive as zeros from the TMA), then frees the raw slot and fills the other.
@@ -669,13 +683,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), kPairedBlocks<T, D, 
 #endif
 }
 
-template <class T, int D, class S, bool kPlain = false>
+template <class T, int D, class S, bool kPlain = false, bool kThree = false>
 void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
                    bool overlap) {
-  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain>;
+  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree>;
   allow_max_dynamic_smem<kernel>();
-  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block_threads<T, D, S>(), smem_bytes_for<T, D, S>(), stream,
-                overlap, p, maps);
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block_threads<T, D, S>(),
+                smem_bytes_for<T, D, S, kThree>(), stream, overlap, p, maps);
 }
 
 // Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so), and so is the plain
@@ -686,6 +700,12 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
   if constexpr (D == 64 || D == 128) {
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
+    if constexpr (D == 64) {
+      if (p.three_per_sm) {
+        if (runs_plain(p)) return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);
+        return launch_stored<T, D, T, false, true>(p, maps, blocks, stream, overlap);
+      }
+    }
     if (runs_plain(p)) return launch_stored<T, D, T, true>(p, maps, blocks, stream, overlap);
   }
   launch_stored<T, D, T>(p, maps, blocks, stream, overlap);
@@ -699,7 +719,8 @@ bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_
   return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
 }
 
-std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type) {
+std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three) {
+  if (three && head_dim == 64 && type == KvType::Float) return smem_bytes_for<__half, 64, __half, true>();
   // The element type does not change the layout: float16 stands for both.
   switch (type) {
     case KvType::Int8: return head_dim == 64 ? smem_bytes_for<__half, 64, std::int8_t>() : smem_bytes_for<__half, 128, std::int8_t>();
@@ -715,16 +736,21 @@ std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type) {
   return type == KvType::Float && head_dim != 64 ? kWarpgroupRows : 64;
 }
 
-int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
+int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, bool three) {
   if (head_dim != 64 || type != KvType::Float) return 1;
   // (The general build's instance stands for both builds: the same threads, registers and shared memory.)
   using Half = __half;
   using Brain = __nv_bfloat16;
-  static const int half_blocks = resident_blocks_per_sm<attention_wgmma_kernel<Half, 64, Half, false>>(
-      block_threads<Half, 64, Half>(), smem_bytes_for<Half, 64, Half>());
-  static const int brain_blocks = resident_blocks_per_sm<attention_wgmma_kernel<Brain, 64, Brain, false>>(
-      block_threads<Brain, 64, Brain>(), smem_bytes_for<Brain, 64, Brain>());
-  return dtype == DType::f16 ? half_blocks : brain_blocks;
+  static const int blocks[2][2] = {
+      {resident_blocks_per_sm<attention_wgmma_kernel<Half, 64, Half, false, false>>(block_threads<Half, 64, Half>(),
+                                                                                    smem_bytes_for<Half, 64, Half>()),
+       resident_blocks_per_sm<attention_wgmma_kernel<Half, 64, Half, false, true>>(
+           block_threads<Half, 64, Half>(), smem_bytes_for<Half, 64, Half, true>())},
+      {resident_blocks_per_sm<attention_wgmma_kernel<Brain, 64, Brain, false, false>>(
+           block_threads<Brain, 64, Brain>(), smem_bytes_for<Brain, 64, Brain>()),
+       resident_blocks_per_sm<attention_wgmma_kernel<Brain, 64, Brain, false, true>>(
+           block_threads<Brain, 64, Brain>(), smem_bytes_for<Brain, 64, Brain, true>())}};
+  return blocks[dtype == DType::f16 ? 0 : 1][three ? 1 : 0];
 }
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,

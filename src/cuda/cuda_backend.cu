@@ -75,6 +75,7 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.tail_block = plan.tail_block;
   k.tail_pieces = plan.tail_pieces;
   k.tail_piece_keys = plan.tail_piece_keys;
+  k.three_per_sm = plan.three_per_sm;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const bool heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
   std::int64_t heavy_group = 0;
@@ -147,6 +148,10 @@ DeviceTraits device_traits(const AttentionProblem& p) {
     }
     return 2;
   };
+  if (p.head_dim == 64 && p.k_storage.type == KvType::Float && (p.dtype == DType::f16 || p.dtype == DType::bf16) &&
+      d.sm90) {
+    d.warpgroup_three_resident = warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type, true);
+  }
   return d;
 }
 
@@ -180,6 +185,7 @@ std::string describe(const CudaPlan& plan) {
   }
   if (plan.cluster_merge) s += ", cluster merge";
   if (plan.plain) s += ", plain";
+  if (plan.three_per_sm) s += ", 3 per SM";
   if (plan.tail_pieces > 1) {
     s += ", tail of " + std::to_string((plan.blocks - plan.tail_block) / plan.tail_pieces) + " row blocks in " +
          std::to_string(plan.tail_pieces) + " x " + std::to_string(plan.tail_piece_keys) + " keys";

@@ -45,6 +45,9 @@ struct CudaPlan {
   // cluster_merge.cuh) instead of by the merge pass. The scratch still holds the partials: a run whose
   // pointers send it to the SIMT kernel takes the merge pass.
   bool cluster_merge = false;
+  // The wgmma kernel at head dim 64 as three 64-row blocks per SM in 64-key tiles (instead of two in 128-key
+  // tiles): for plain-shaped problems whose grid is more than one round of two blocks per SM.
+  bool three_per_sm = false;
 };
 
 CudaPlan plan(const AttentionProblem& problem);

@@ -79,19 +79,22 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
 //   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan;
 //   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan;
+//   ATTNKIT_CUDA_THREE=0 keeps the wgmma kernel at two blocks per SM (head dim 64; CudaPlan::three_per_sm);
 //   ATTNKIT_CUDA_CLUSTER=0 merges every split by the merge pass (no cluster merge).
 
-// Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
-bool plain_problem(const AttentionProblem& p) {
+// Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
+bool plain_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
   const bool every_key = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
                          !p.has_causal_offsets;  // (a causal rule that hides nothing: a decoder step's query)
   return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
-         p.softcap.value_or(0.0f) == 0.0f && every_key && !quantized && output_chunks &&
-         env_value("ATTNKIT_CUDA_PLAIN") != "0";
+         p.softcap.value_or(0.0f) == 0.0f && every_key && !quantized && output_chunks;
 }
+
+// Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
+bool plain_problem(const AttentionProblem& p) { return plain_shape(p) && env_value("ATTNKIT_CUDA_PLAIN") != "0"; }
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
@@ -243,9 +246,18 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
-  // (In blocks the SMs hold at once: two per SM at head dim 64, 288 row blocks on 264 places.)
+  // Head dim 64, three 64-row blocks per SM in 64-key tiles: for plain-shaped problems (whatever build runs them:
+  // the plain and general builds give the same bits only at the same tiles) whose grid is more than one round of
+  // two blocks per SM. On the H200 `bert_b8_s512` ran 25.55 -> 23.23 us so and Whisper's encoder 32.53 -> 28.98,
+  // while one-round grids (`bert_b1_s512` 7.89 -> 8.63), the long `fa3_h64_s4k` (+2.7%) and a causal
+  // Whisper-sized shape (20.65 -> 24.98) lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
+  plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
+                      plan.splits == 1 && plain_shape(p) && base_blocks > sms * device.resident_blocks(plan.kernel) &&
+                      env_value("ATTNKIT_CUDA_THREE") != "0";
+  // (In blocks the SMs hold at once: two or three per SM at head dim 64, 400 row blocks on 396 places.)
   if (plan.plain && warpgroup && plan.splits == 1 && env_value("ATTNKIT_CUDA_TAIL") != "0") {
-    const std::int64_t places = sms * device.resident_blocks(plan.kernel);
+    const std::int64_t places =
+        sms * (plan.three_per_sm ? device.warpgroup_three_resident : device.resident_blocks(plan.kernel));
     const std::int64_t tail = base_blocks % places;
     const std::int64_t tiles = ceil_div(p.k_len, kWarpgroupTileKeys);
     if (base_blocks > places && tail > 0 && 2 * tail <= places && tiles >= kTailMinTiles) {
@@ -263,7 +275,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                     : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
-                    : warpgroup                                 ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type)
+                    : warpgroup ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type, plan.three_per_sm)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   const std::int64_t partial_blocks =
       plan.splits > 1 ? plan.blocks : plan.tail_pieces > 1 ? plan.blocks - plan.tail_block : 0;

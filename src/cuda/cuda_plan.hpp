@@ -17,6 +17,8 @@ struct DeviceTraits {
   bool sm90 = false;  // compute capability 9.0: the wgmma kernel's sm_90a code runs there
   // Blocks of `kernel` (the problem's instance) one SM holds at once, at the plan's shared memory.
   std::function<int(CudaPlan::Kernel)> resident_blocks;
+  // The wgmma kernel's blocks per SM in its build of three per SM (0: no such build for the problem).
+  int warpgroup_three_resident = 0;
 };
 
 // The largest cluster the cluster merge asks for: 16, the H100 / H200's non-portable limit (8 is portable).

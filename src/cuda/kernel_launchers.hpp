@@ -112,18 +112,21 @@ void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream
 inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
-// registers per thread).
-constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim == 128 ? 128 : 64; }
+// registers per thread) and in the build of three blocks per SM (KernelParams::three_per_sm).
+constexpr int warpgroup_tile_keys(std::int64_t head_dim, bool three = false) {
+  return three || head_dim > 128 ? 64 : 128;
+}
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma
   int q_by_tma;
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
-std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type);
+std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three = false);
 std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type);
-// Blocks per SM: 2 at head dim 64 from K/V of the query's type (64-row blocks of one consumer warpgroup), else 1.
-int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);
+// Blocks per SM: 2 at head dim 64 from K/V of the query's type (64-row blocks of one consumer warpgroup; 3 in the
+// build of three per SM, `three`), else 1.
+int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, bool three = false);
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps);  // (warpgroup_maps.cu)
 // overlap: a programmatic dependent launch (the kernel waits for the stream's previous kernel before it reads
 // Q, K or V, after its barriers and row tables are set up: that kernel must not write the key lengths, causal

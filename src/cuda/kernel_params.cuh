@@ -77,6 +77,7 @@ struct KernelParams {
   // `partial` is not used. (Among the flags: a field before them moved every later one, and the head-dim-32
   // plain kernel ran 2% slower so.)
   bool cluster_merge;
+  bool three_per_sm;  // the wgmma kernel's build of three 64-row blocks per SM (CudaPlan::three_per_sm)
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
 

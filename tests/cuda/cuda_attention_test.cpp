@@ -164,6 +164,8 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                         // heads x 16 queries, rows past the queries' end read as zeros)
                         Shape{2, 24, 8, 150, 257, 64, LayoutKind::HeadFirst},
                         Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst},
+                        // 288 row blocks of 64 at head dim 64: three blocks per SM on an H200, 64-key tiles
+                        Shape{3, 12, 12, 512, 300, 64, LayoutKind::HeadFirst},
                         // Whisper's decoder steps: split, merged in clusters on sm_90 (the merge pass elsewhere)
                         Shape{1, 12, 12, 1, 448, 64, LayoutKind::HeadFirst},
                         Shape{2, 12, 12, 1, 1500, 64, LayoutKind::PositionsFirst}}) {
@@ -202,8 +204,8 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   }
 }
 
-// A plain grid just past whole waves of the wgmma kernel (head dim 64: two blocks of 64 rows per SM; 136 heads of
-// 100 queries are 272 row blocks on 264 places of an H200) splits its tail row blocks in key
+// A plain grid just past whole waves of the wgmma kernel (head dim 64, a grid of several rounds: three blocks of 64
+// rows per SM; 200 heads of 100 queries are 400 row blocks on 396 places of an H200) splits its tail row blocks in key
 // ranges merged after (CudaPlan::tail_pieces): against the reference (O and the LSE, the gaps untouched), the same
 // bytes in a second run and cut into one-block launches, and within the tolerance of the unsplit plan.
 TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
@@ -214,7 +216,8 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
   for (DType t : {DType::f16, DType::bf16}) {
     CaseSpec spec;
     spec.name = "tail";
-    spec.batch = 1; spec.heads = sms + 4; spec.kv_heads = sms + 4; spec.q_len = 100; spec.k_len = 600;
+    const int heads = (3 * sms + 1) / 2 + 2, tail = 2 * heads - 3 * sms;  // (two row blocks per head)
+    spec.batch = 1; spec.heads = heads; spec.kv_heads = heads; spec.q_len = 100; spec.k_len = 600;
     spec.head_dim = 64; spec.lse = true;
     SCOPED_TRACE(std::string(dtype_name(t)));
     CaseData data(spec, t, 41);
@@ -225,7 +228,9 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device));
     if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
-      EXPECT_NE(kernel.find("tail of 8 row blocks in 3 x 256 keys"), std::string::npos) << kernel;
+      EXPECT_NE(kernel.find("3 per SM, tail of " + std::to_string(tail) + " row blocks in 3 x 256 keys"),
+                std::string::npos)
+          << kernel;
     }
     dev.run(op);
     EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;

@@ -1,8 +1,8 @@
 // The CUDA plan's policy (src/cuda/cuda_plan.cu) on the host, with the device described by hand: no GPU needed,
 // so this runs in CI. Each expectation is a rule of the plan (docs/design.md, "The CUDA kernels"), on the
 // PERF.md shapes and an H200-like device (132 SMs, compute capability 9.0, 3 mma.sync blocks per SM at head dims
-// 32 and 64, 2 wgmma blocks at head dim 64 and 1 above); the describe() strings of several of them were read off
-// the H200 (bench/results/).
+// 32 and 64, 2 wgmma blocks at head dim 64 (3 in the build of three per SM) and 1 above); the describe() strings
+// of several of them were read off the H200 (bench/results/).
 #include <cuda/cuda_plan.hpp>
 
 #include "core/problem_check.hpp"
@@ -25,6 +25,7 @@ cuda::DeviceTraits h200(std::int64_t head_dim, bool sm90 = true) {
   d.resident_blocks = [head_dim](Kernel k) {
     return k == Kernel::Warpgroup ? (head_dim == 64 ? 2 : 1) : k == Kernel::TensorCore ? 3 : 2;
   };
+  d.warpgroup_three_resident = head_dim == 64 && sm90 ? 3 : 0;
   return d;
 }
 
@@ -74,7 +75,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 768 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
+            "cuda.wgmma 768 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -164,22 +165,51 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
-// A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder: 288 row
-// blocks of 12 tiles, two per SM on 132 SMs); a tail of half the places or more, a short key range, a grid of
-// one wave, the general build and ATTNKIT_CUDA_TAIL=0 do not.
-TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
+// Head dim 64: plain-shaped grids of more than one round of two blocks per SM run three per SM (64-key tiles);
+// one round, the long fa3_h64_s4k, causal shapes, a split and ATTNKIT_CUDA_THREE=0 keep two.
+TEST(CudaPlan, MultiRoundPlainGridsRunThreeBlocksPerSm) {
+  EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(cuda::describe(whisper),
-            "cuda.wgmma 408 blocks of 64 rows, 76936 B shared, 132 SMs, plain, tail of 24 row blocks in 6 x 256 keys");
-  EXPECT_EQ(whisper.tail_block, 264);
-  EXPECT_EQ(whisper.partial_bytes, std::size_t{144} * 64 * (3 + 64) * sizeof(float));
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).three_per_sm) << "192 blocks: one round";
+  EXPECT_FALSE(plan_of(shape(1, 12, 12, 512, 512, 64, false)).three_per_sm) << "96 blocks";
+  EXPECT_FALSE(plan_of(shape(4, 32, 32, 4096, 4096, 64, false)).three_per_sm) << "4096 keys: not plain-shaped";
+  EXPECT_FALSE(plan_of(shape(1, 12, 12, 1500, 1500, 64, true)).three_per_sm) << "causal";
+  EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 128, false)).three_per_sm) << "head dim 128";
+  EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).three_per_sm) << "mma.sync";
+  // The general build takes it too (the plain and general builds give the same bits at the same tiles).
+  setenv("ATTNKIT_CUDA_PLAIN", "0", 1);
+  const CudaPlan general = plan_of(shape(8, 12, 12, 512, 512, 64, false));
+  unsetenv("ATTNKIT_CUDA_PLAIN");
+  EXPECT_TRUE(general.three_per_sm);
+  EXPECT_FALSE(general.plain);
+  setenv("ATTNKIT_CUDA_THREE", "0", 1);
+  const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false));
+  unsetenv("ATTNKIT_CUDA_THREE");
+  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
+}
+
+// A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder at head
+// dim 128: 144 row blocks of 12 tiles, one per SM on 132 SMs; at head dim 64, 400 row blocks on 396 places, three
+// per SM); a tail of half the places or more, a short key range, a grid of one wave, the general build and
+// ATTNKIT_CUDA_TAIL=0 do not.
+TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
+  const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 168072 B shared, 132 SMs, plain, "
+                                     "tail of 12 row blocks in 6 x 256 keys");
+  EXPECT_EQ(whisper.tail_block, 132);
+  EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 128) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
-  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 240";
+  const CudaPlan three = plan_of(shape(1, 200, 200, 100, 600, 64, false));
+  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 408 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM, "
+                                   "tail of 4 row blocks in 3 x 256 keys");
+  EXPECT_EQ(three.tail_block, 396);
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 372";
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, true)).tail_pieces, 0) << "causal: the general build";
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, true)).tail_pieces, 0) << "causal: the general build";
   setenv("ATTNKIT_CUDA_TAIL", "0", 1);
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).tail_pieces, 0);
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, false)).tail_pieces, 0);
   unsetenv("ATTNKIT_CUDA_TAIL");
 }
 
