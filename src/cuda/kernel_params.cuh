@@ -31,33 +31,52 @@ inline DeviceLayout to_device(const Layout& l) { return {l.offset, l.batch_strid
 
 // Everything a launch needs, by value. Rows of a block are (query, head-in-group) pairs of one K/V head (row_of),
 // so the query heads of a group share every K/V tile.
+//
+// The fields are in the order the kernels first read them. A block's first read of each 64-byte line of the
+// parameters misses the constant cache and stalls the warp (about a thousand cycles in all when they were
+// spread over ten lines): the block coordinate's fields come first, then the plain builds' pointers, layouts and
+// finish, in about six lines, then what only the general builds read.
 struct KernelParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  const void* mask;  // mask_dtype elements
-  const std::int32_t* key_lengths;
-  const float* sinks;
-  const std::int32_t* causal_offsets;  // per batch entry, or null
-  float* lse;
-  float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
-  DeviceLayout lq, lk, lv, lo, lmask, llse;
-  std::int64_t batch, heads, kv_heads, q_len, k_len, head_dim, v_head_dim;
-  std::int64_t group, group_rows, row_blocks, splits, split_keys;
+  // (flags first: a one-byte field between wider ones pads, and pads move every later field)
+  bool cluster_merge;  // split-K merged in thread-block clusters of `splits` blocks (CudaPlan::cluster_merge;
+                       // cluster_merge.cuh): `partial` is not used
+  bool fast_coords;    // blocks and rows below 2^31: block_coord and row_of divide by `div`
+  bool heavy_first;    // a causal rule: row blocks in descending order of their keys (block_coord)
+  bool plain;          // the plan's choice of the tile kernels' plain build (CudaPlan::plain); runs_plain checks the rest
+  bool three_per_sm;   // the wgmma kernel's build of three 64-row blocks per SM (CudaPlan::three_per_sm)
+  bool return_lse;
+  bool has_sink;
+  MaskedRows masked_rows;
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
   // A split tail (CudaPlan::tail_pieces > 1; the wgmma kernel's plain build): whole blocks up to block
   // tail_block, then each later row block as tail_pieces blocks over key ranges of tail_piece_keys, which leave
   // their partials in `partial` (tail pieces only) for the merge pass (plain_block_coord).
   std::int64_t tail_block, tail_pieces, tail_piece_keys;
-  bool heavy_first;          // a causal rule: row blocks in descending order of their keys (block_coord)
-  std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
+  std::int64_t k_len, split_keys, group, group_rows;
   // Blocks and rows below 2^31 (any launch that fits in memory): block_coord and row_of divide by these instead
-  // of 64-bit divisions, which were a large share of a short sequence's block prologue.
-  bool fast_coords;
+  // of 64-bit divisions, which were a large share of a short sequence's block prologue. (The plain builds' five
+  // first.)
   struct Divisors {
-    core::FastDivide splits, row_blocks, kv_heads, group, heavy_blocks, heavy_pairs, last_pairs, tail_pieces;
+    core::FastDivide splits, row_blocks, kv_heads, group, tail_pieces, heavy_blocks, heavy_pairs, last_pairs;
   } div;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  DeviceLayout lq, lk, lv, lo;
+  core::ScoreTransform transform;
+  float* lse;
+  float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
+  DeviceLayout llse;
+  // What only the general builds read.
+  const void* mask;  // mask_dtype elements
+  const std::int32_t* key_lengths;
+  const float* sinks;
+  const std::int32_t* causal_offsets;  // per batch entry, or null
+  DeviceLayout lmask;
+  std::int64_t batch, heads, kv_heads, q_len, head_dim, v_head_dim;
+  std::int64_t row_blocks, splits;
+  std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
   // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
   KvType k_type, v_type;
   KvQuant k_quant, v_quant;
@@ -65,19 +84,11 @@ struct KernelParams {
   const float* v_scale;
   DType mask_dtype;
   core::VisibilityRule rule;
-  core::ScoreTransform transform;
-  bool has_mask, has_key_lengths, has_sink, return_lse;
+  bool has_mask, has_key_lengths;
   // The launch reads Q, K and V only after the stream's previous kernel has finished (no programmatic overlap):
   // the wgmma kernel may start its first copies before its row setup (their latency passes under it). (The
   // mma.sync kernel gained nothing from it: its one- and two-tile blocks ran 0.1-0.3 us slower on the H200.)
   bool inputs_ready;
-  MaskedRows masked_rows;
-  bool plain;  // the plan's choice of the tile kernels' plain build (CudaPlan::plain); runs_plain checks the rest
-  // Split-K merged in thread-block clusters of `splits` blocks (CudaPlan::cluster_merge; cluster_merge.cuh):
-  // `partial` is not used. (Among the flags: a field before them moved every later one, and the head-dim-32
-  // plain kernel ran 2% slower so.)
-  bool cluster_merge;
-  bool three_per_sm;  // the wgmma kernel's build of three 64-row blocks per SM (CudaPlan::three_per_sm)
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
 
