@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   std::uint64_t* const raw_v_full = raw_k_full + kRawSlots;
   std::uint64_t* const raw_k_empty = raw_v_full + kRawSlots;
   std::uint64_t* const raw_v_empty = raw_k_empty + kRawSlots;
-  std::uint64_t* const q_full = bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0);  // Q by TMA (maps.q_by_tma)
+  std::uint64_t* const q_full = bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0);  // Q by TMA (p.q_by_tma)
   int* const tables_mem = reinterpret_cast<int*>(q_full + 1);
   const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
                          tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // queries is the block's rows in row_of's order): one thread's copies instead of every consumer thread's
   // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
   // issue, bench/results/2026-11-30-h200-cuda-split-tail.md). Rows past the queries' end arrive as zeros.
-  const bool q_by_tma = kPlain && maps.q_by_tma;
+  const bool q_by_tma = kPlain && p.q_by_tma;
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
@@ -688,8 +688,10 @@ void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_
                    bool overlap) {
   constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree>;
   allow_max_dynamic_smem<kernel>();
+  KernelParams params = p;
+  params.q_by_tma = maps.q_by_tma != 0;  // (read from the parameters' first lines, which every block reads anyway)
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block_threads<T, D, S>(),
-                smem_bytes_for<T, D, S, kThree>(), stream, overlap, p, maps);
+                smem_bytes_for<T, D, S, kThree>(), stream, overlap, params, maps);
 }
 
 // Quantized caches are built for head dims 64 and 128 (warpgroup_supports says so), and so is the plain

@@ -119,7 +119,7 @@ constexpr int warpgroup_tile_keys(std::int64_t head_dim, bool three = false) {
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma
-  int q_by_tma;
+  int q_by_tma;  // (the launch copies it into KernelParams::q_by_tma, where the kernel reads it)
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three = false);

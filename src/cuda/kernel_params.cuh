@@ -46,6 +46,7 @@ struct KernelParams {
   bool three_per_sm;   // the wgmma kernel's build of three 64-row blocks per SM (CudaPlan::three_per_sm)
   bool return_lse;
   bool has_sink;
+  bool q_by_tma;  // the wgmma kernel's plain build: Q by TMA (WarpgroupMaps::q_by_tma, copied here by its launch)
   MaskedRows masked_rows;
   std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
   // A split tail (CudaPlan::tail_pieces > 1; the wgmma kernel's plain build): whole blocks up to block
@@ -54,10 +55,10 @@ struct KernelParams {
   std::int64_t tail_block, tail_pieces, tail_piece_keys;
   std::int64_t k_len, split_keys, group, group_rows;
   // Blocks and rows below 2^31 (any launch that fits in memory): block_coord and row_of divide by these instead
-  // of 64-bit divisions, which were a large share of a short sequence's block prologue. (The plain builds' five
-  // first.)
+  // of 64-bit divisions, which were a large share of a short sequence's block prologue. (The heavy-first
+  // order's, which no plain build reads, are heavy_div, further down.)
   struct Divisors {
-    core::FastDivide splits, row_blocks, kv_heads, group, tail_pieces, heavy_blocks, heavy_pairs, last_pairs;
+    core::FastDivide splits, row_blocks, kv_heads, group, tail_pieces;
   } div;
   const void* q;
   const void* k;
@@ -77,6 +78,9 @@ struct KernelParams {
   std::int64_t batch, heads, kv_heads, q_len, head_dim, v_head_dim;
   std::int64_t row_blocks, splits;
   std::int64_t heavy_group;  // heavy-first: (batch, K/V head) pairs ordered together, whose K/V fit in L2
+  struct HeavyDivisors {
+    core::FastDivide blocks, pairs, last_pairs;  // heavy_group x row_blocks, heavy_group, the last group's pairs
+  } heavy_div;
   // Quantized K / V (kv_quant.hpp): stored int8 or int4 values, dequantized with k_scale / v_scale.
   KvType k_type, v_type;
   KvQuant k_quant, v_quant;
@@ -241,12 +245,12 @@ __host__ __device__ __forceinline__ BlockCoord block_coord(const KernelParams& p
     c.split = p.div.splits.remainder(index, n);
     std::uint32_t pair;
     if (p.heavy_first) {
-      const std::uint32_t group = p.div.heavy_blocks.quotient(n);
-      const std::uint32_t in_group = p.div.heavy_blocks.remainder(n, group);
-      const std::uint32_t first_pair = group * p.div.heavy_pairs.divisor;
+      const std::uint32_t group = p.heavy_div.blocks.quotient(n);
+      const std::uint32_t in_group = p.heavy_div.blocks.remainder(n, group);
+      const std::uint32_t first_pair = group * p.heavy_div.pairs.divisor;
       // The last group may hold fewer pairs.
       const core::FastDivide& pairs =
-          first_pair + p.div.heavy_pairs.divisor <= p.batch * p.kv_heads ? p.div.heavy_pairs : p.div.last_pairs;
+          first_pair + p.heavy_div.pairs.divisor <= p.batch * p.kv_heads ? p.heavy_div.pairs : p.heavy_div.last_pairs;
       const std::uint32_t from_last = pairs.quotient(in_group);
       pair = first_pair + pairs.remainder(in_group, from_last);
       c.row_block = p.row_blocks - 1 - from_last;
@@ -298,9 +302,9 @@ inline void set_block_order(KernelParams& k, bool heavy_first, std::int64_t heav
   k.div.group = divide_by(k.group);
   k.div.tail_pieces = divide_by(k.tail_pieces);
   if (k.heavy_first) {
-    k.div.heavy_blocks = divide_by(k.heavy_group * k.row_blocks);
-    k.div.heavy_pairs = divide_by(k.heavy_group);
-    k.div.last_pairs = divide_by(pairs % k.heavy_group == 0 ? k.heavy_group : pairs % k.heavy_group);
+    k.heavy_div.blocks = divide_by(k.heavy_group * k.row_blocks);
+    k.heavy_div.pairs = divide_by(k.heavy_group);
+    k.heavy_div.last_pairs = divide_by(pairs % k.heavy_group == 0 ? k.heavy_group : pairs % k.heavy_group);
   }
 }
 
