@@ -68,11 +68,11 @@ struct KernelParams {
   core::ScoreTransform transform;
   float* lse;
   float* partial;  // split-K: [block][row][3 + v_head_dim] (max, sum, poison, accumulator)
+  const float* sinks;  // (the shared finish loads the pointer whether or not a sink is there)
   DeviceLayout llse;
   // What only the general builds read.
   const void* mask;  // mask_dtype elements
   const std::int32_t* key_lengths;
-  const float* sinks;
   const std::int32_t* causal_offsets;  // per batch entry, or null
   DeviceLayout lmask;
   std::int64_t batch, heads, kv_heads, q_len, head_dim, v_head_dim;
