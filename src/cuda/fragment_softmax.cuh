@@ -246,15 +246,30 @@ __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], cons
 template <int kCols>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kCols / 8][4], float (&row_max)[2],
                                                      float (&row_sum)[2], float (&alpha)[2], float score_scale) {
+  static_assert((kCols & (kCols - 1)) == 0, "the maxima's trees halve the columns");
   const float exponent_scale = score_scale * kLog2e;
+  // The rows' maxima as trees (log2 of the columns deep, not a chain through every column: each step waits on
+  // the one before), both halves' shuffles side by side.
+  float tile_maxima[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float tile_max = core::kNegInf;
+    float m[kCols / 8];
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][half * 2], s[j][half * 2 + 1]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    tile_max *= score_scale;  // (score_scale > 0: the largest scaled score)
+    for (int j = 0; j < kCols / 8; ++j) m[j] = fmaxf(s[j][half * 2], s[j][half * 2 + 1]);
+#pragma unroll
+    for (int width = kCols / 16; width >= 1; width /= 2)
+#pragma unroll
+      for (int j = 0; j < width; ++j) m[j] = fmaxf(m[j], m[j + width]);
+    tile_maxima[half] = m[0];
+  }
+#pragma unroll
+  for (int lane_bit = 1; lane_bit <= 2; lane_bit *= 2)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      tile_maxima[half] = fmaxf(tile_maxima[half], __shfl_xor_sync(0xffffffffu, tile_maxima[half], lane_bit));
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float tile_max = tile_maxima[half] * score_scale;  // (score_scale > 0: the largest scaled score)
     const float new_max = fmaxf(row_max[half], tile_max);
     alpha[half] = core::rescale_factor(row_max[half], new_max);
     row_max[half] = new_max;
