@@ -21,7 +21,9 @@ SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "InstructionStats", "Warp
             "Occupancy", "MemoryWorkloadAnalysis"]
 METRICS = ["smsp__inst_executed.sum", "smsp__inst_executed_pipe_xu.sum", "smsp__inst_executed_pipe_fma.sum",
            "smsp__inst_executed_pipe_alu.sum", "smsp__inst_executed_pipe_fp16.sum",
-           "smsp__inst_executed_pipe_uniform.sum", "smsp__inst_executed_pipe_lsu.sum"]
+           "smsp__inst_executed_pipe_uniform.sum", "smsp__inst_executed_pipe_lsu.sum",
+           "lts__throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "lts__t_sector_hit_rate.pct"]
 # (label, metric): the rows of the table, in order; a metric ncu did not report prints as "-".
 ROWS = [("duration (us)", "gpu__time_duration.sum"),
         ("instructions", "smsp__inst_executed.sum"),
@@ -39,6 +41,9 @@ ROWS = [("duration (us)", "gpu__time_duration.sum"),
         ("shared memory per block (B)", "launch__shared_mem_per_block_dynamic"),
         ("L2 -> L1/TMA read bytes", "lts__t_sectors_srcunit_tex_op_read.sum"),
         ("DRAM read bytes", "dram__bytes_read.sum"),
+        ("L2 throughput (% of peak)", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+        ("L2 hit rate (%)", "lts__t_sector_hit_rate.pct"),
+        ("DRAM throughput (% of peak)", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
         ("cycles active (SM avg)", "sm__cycles_active.avg")]
 
 

@@ -246,18 +246,23 @@ __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], cons
 template <int kCols>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kCols / 8][4], float (&row_max)[2],
                                                      float (&row_sum)[2], float (&alpha)[2], float score_scale) {
-  static_assert((kCols & (kCols - 1)) == 0, "the maxima's trees halve the columns");
   const float exponent_scale = score_scale * kLog2e;
-  // The rows' maxima as trees (log2 of the columns deep, not a chain through every column: each step waits on
-  // the one before), both halves' shuffles side by side.
+  // The rows' maxima in four chains, joined at the end: a quarter as deep as one chain through every column
+  // (each step waits on the one before), and four registers more, not one per column (a full tree made the
+  // head-dim-128 wgmma build spill). Both halves' shuffles go side by side.
+  constexpr int kChains = kCols / 8 < 4 ? kCols / 8 : 4;
+  static_assert(kCols / 8 % kChains == 0 && (kChains & (kChains - 1)) == 0, "whole chains, joined by halving");
   float tile_maxima[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float m[kCols / 8];
+    float m[kChains];
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) m[j] = fmaxf(s[j][half * 2], s[j][half * 2 + 1]);
+    for (int j = 0; j < kCols / 8; ++j) {
+      const float pair = fmaxf(s[j][half * 2], s[j][half * 2 + 1]);
+      m[j % kChains] = j < kChains ? pair : fmaxf(m[j % kChains], pair);
+    }
 #pragma unroll
-    for (int width = kCols / 16; width >= 1; width /= 2)
+    for (int width = kChains / 2; width >= 1; width /= 2)
 #pragma unroll
       for (int j = 0; j < width; ++j) m[j] = fmaxf(m[j], m[j + width]);
     tile_maxima[half] = m[0];
