@@ -29,7 +29,7 @@ namespace {
 constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
 // Keys per tile (warpgroup_tile_keys, on the device too); `three`: the build of three blocks per SM.
 __host__ __device__ constexpr int tile_keys_for(int head_dim, bool three = false) {
-  return three || head_dim > 128 ? 64 : 128;
+  return (void)three, head_dim > 128 ? 64 : 128;
 }
 static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128) == warpgroup_tile_keys(128) &&
                   tile_keys_for(256) == warpgroup_tile_keys(256) &&
@@ -37,10 +37,11 @@ static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128)
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
 constexpr int kConsumerThreads = 256;
 constexpr int kSlots = 2;  // K and V tiles in flight
-// Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums): 1024 bytes on the
-// swizzle pattern's alignment, which any 16 x 8 K-major view stays inside. Filled at every head dim though only
-// head dim 64 reads them: leaving them out above measured no gain (bench/results/2026-11-30-h200-cuda-row-sums.md).
-constexpr int kOnesBytes = 1024;
+// Ones in the element type, the B operand of the MMA that sums the rows of P (sm90::RowSums), read without
+// swizzle as two 128-byte core matrices (16 x 8, K-major): 256 bytes, so that three blocks of 128-key tiles fit
+// an SM. Filled at every head dim though only head dim 64 reads them: leaving them out above measured no gain
+// (bench/results/2026-11-30-h200-cuda-row-sums.md).
+constexpr int kOnesBytes = 256;
 [[maybe_unused]] constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   float alpha[2] = {1.0f, 1.0f};
   std::uint32_t a[kTileKeys / 16][4];  // P of the previous tile, until its MMA is done
   const std::uint32_t q_addr = sm90::smem_u32(qs) + warpgroup * 64 * 128;
-  const std::uint64_t ones_desc = sm90::swizzle128_desc(sm90::smem_u32(ones), 16, 1024);
+  const std::uint64_t ones_desc = sm90::interleave_desc(sm90::smem_u32(ones), 128, 128);
 
   // V of tile t ready for O += P V: its slot full and, in a partial tile, the rows of keys outside [lo, hi)
   // zeroed, so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf).
@@ -508,13 +509,22 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   };
   // S = Q K_tᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a
   // 64-column block, 8-row groups 1024 bytes apart.
+  // Three blocks per SM (80 registers at launch) issue it as two MMAs of 64 keys: ptxas does not compile an MMA
+  // whose 64 accumulators and operands pass the launch's registers, whatever setmaxnreg grants later.
+  constexpr int kScoreN = kThree ? 64 : kTileKeys;
   auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const std::uint32_t k_addr = sm90::smem_u32(ks + (t % kSlots) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const std::uint32_t at = (kk % 4) * 32;
-      sm90::Wgmma<T, kTileKeys>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
-                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
+#pragma unroll
+      for (int n = 0; n < kTileKeys / kScoreN; ++n) {
+        sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
+                                    sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
+                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + n * kScoreN * 128 + at,
+                                                          16, 1024),
+                                    kk > 0);
+      }
     }
     sm90::commit();
   };
@@ -585,67 +595,98 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
   };
 
-  // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
-  // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
-  if (tiles > 0) {
-    float s[kTileKeys / 8][4];
+  if constexpr (kThree) {
+    // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
+    // scores of 128 keys and P of the tile before do not fit 136 registers together, so the MMAs of a
+    // warpgroup do not overlap its softmax: the other two blocks' warpgroups fill the tensor cores meanwhile.
+    for (int t = 0; t < tiles; ++t) {
+      const int slot = t % kSlots;
+      float s[kTileKeys / 8][4];
 #pragma unroll
-    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
-    sm90::mbarrier_wait(&k_full[0], 0);
-    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-    sm90::fence();
-    issue_qk(0, s);
-    if (!solo && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-    sm90::wait<0>();
-    sm90::pin(s);
-    release(&k_empty[0]);
-    softmax_tile(0, s);
-    pack_p(s);
-    ATTNKIT_PHASE(5)
-  }
-  for (int t = 1; t < tiles; ++t) {
-    // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
-    // and the other warpgroup's turn.
-    const int slot = t % kSlots;
-    rescale();
-    prepare_v(t - 1);
-    sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
-    sm90::pin(o);
-    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-    if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-    float s[kTileKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    sm90::fence();
-    issue_qk(t, s);
-    issue_pv(t - 1);
-    if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
-      sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
+      sm90::fence();
+      issue_qk(t, s);
+      sm90::wait<0>();
+      sm90::pin(s);
+      release(&k_empty[slot]);
+      softmax_tile(t, s);
+      rescale();
+      pack_p(s);
+      prepare_v(t);
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      sm90::fence();
+      issue_pv(t);
+      sm90::wait<0>();
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      sm90::pin(a);
+      release(&v_empty[slot]);
     }
-    sm90::wait<1>();
-    sm90::pin(s);
-    release(&k_empty[slot]);
-    softmax_tile(t, s);
-    sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
-    sm90::pin(o);
-    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-    sm90::pin(a);
-    release(&v_empty[(t - 1) % kSlots]);
-    pack_p(s);
-  }
-  ATTNKIT_PHASE(6)
-  if (tiles > 0) {
-    rescale();
-    prepare_v(tiles - 1);
-    sm90::pin(o);
-    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-    sm90::fence();
-    issue_pv(tiles - 1);
-    sm90::wait<0>();
-    sm90::pin(o);
-    if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-    sm90::pin(a);
+  } else {
+    // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
+    // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
+    if (tiles > 0) {
+      float s[kTileKeys / 8][4];
+  #pragma unroll
+      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
+      sm90::mbarrier_wait(&k_full[0], 0);
+      if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+      sm90::fence();
+      issue_qk(0, s);
+      if (!solo && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+      sm90::wait<0>();
+      sm90::pin(s);
+      release(&k_empty[0]);
+      softmax_tile(0, s);
+      pack_p(s);
+      ATTNKIT_PHASE(5)
+    }
+    for (int t = 1; t < tiles; ++t) {
+      // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
+      // and the other warpgroup's turn.
+      const int slot = t % kSlots;
+      rescale();
+      prepare_v(t - 1);
+      sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+      float s[kTileKeys / 8][4];
+  #pragma unroll
+      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      sm90::fence();
+      issue_qk(t, s);
+      issue_pv(t - 1);
+      if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
+        sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+      }
+      sm90::wait<1>();
+      sm90::pin(s);
+      release(&k_empty[slot]);
+      softmax_tile(t, s);
+      sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      sm90::pin(a);
+      release(&v_empty[(t - 1) % kSlots]);
+      pack_p(s);
+    }
+    ATTNKIT_PHASE(6)
+    if (tiles > 0) {
+      rescale();
+      prepare_v(tiles - 1);
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      sm90::fence();
+      issue_pv(tiles - 1);
+      sm90::wait<0>();
+      sm90::pin(o);
+      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+      sm90::pin(a);
+    }
   }
   ATTNKIT_PHASE(7)
   if constexpr (kSumsOnTensorCores) {

@@ -28,6 +28,15 @@ __device__ __forceinline__ std::uint64_t swizzle128_desc(std::uint32_t addr, std
          static_cast<std::uint64_t>((stride_bytes >> 4) & 0x3FFFu) << 32 | (1ull << 62);
 }
 
+// The descriptor of an operand without swizzle (8-row x 16-byte core matrices, `leading_bytes` apart along K,
+// `stride_bytes` apart along M / N).
+__device__ __forceinline__ std::uint64_t interleave_desc(std::uint32_t addr, std::uint32_t leading_bytes,
+                                                         std::uint32_t stride_bytes) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) |
+         static_cast<std::uint64_t>((leading_bytes >> 4) & 0x3FFFu) << 16 |
+         static_cast<std::uint64_t>((stride_bytes >> 4) & 0x3FFFu) << 32;
+}
+
 // Before the first MMA that reads registers written by ordinary instructions (accumulators, A fragments).
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
