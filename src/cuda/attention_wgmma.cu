@@ -70,10 +70,13 @@ constexpr bool kQuantizedStorage = !std::is_same_v<S, T>;
 // A 64 x 64 accumulator and 128-key scores fit the 232 registers; head dims 128 and 256 need a 128-row
 // block's shared memory per SM and keep it.
 // kThree (KernelParams::three_per_sm, the plan's choice): three such blocks per SM (80 registers at launch, the
-// consumers take 136), in tiles of 64 keys, whose scores fit those registers. Each SM holds 192 rows, the way
-// FlashAttention-3 runs head dim 64 with three consumer warpgroups, at the cost of shorter tiles (their per-tile
-// waits and votes twice as often): faster on grids of several rounds of plain blocks, slower on one round
-// (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
+// consumers take 136). Each SM holds 192 rows, the way FlashAttention-3 runs head dim 64 with three consumer
+// warpgroups: faster on grids of several rounds of plain blocks, slower on one round
+// (bench/results/2026-11-30-h200-cuda-paired-blocks.md). Its tiles are 128 keys too, one at a time (S, softmax,
+// P V, each MMA waited for): the scores and the previous tile's P do not fit 136 registers together. Against
+// 64-key tiles with the MMAs overlapping the softmax, 17% fewer instructions (each tile's waits, votes,
+// descriptors and maximum are paid per 128 keys) and bert_b8_s512 23.1 -> 21.2 us on the H200
+// (bench/results/2026-12-01-h200-cuda-three-seq.md).
 template <class T, int D, class S>
 constexpr bool kPairedBlocks = D == 64 && !kQuantizedStorage<T, S>;
 template <class T, int D, class S, bool kThree>
@@ -562,7 +565,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       score_scale = scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
     } else {
       const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
-      score_scale = transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+      // (The build of three per SM runs plain-shaped problems only: no mask or softcap, launch_typed.)
+      score_scale = transform_scores<kTileKeys, true, !kThree>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
     }
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
   };
@@ -744,7 +748,7 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
     if constexpr (D == 64) {
-      if (p.three_per_sm) {
+      if (p.three_per_sm && !p.has_mask && p.transform.softcap == 0.0f) {
         if (runs_plain(p)) return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);
         return launch_stored<T, D, T, false, true>(p, maps, blocks, stream, overlap);
       }

@@ -51,7 +51,7 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76168 B shared, 132 SMs, plain");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 96);
@@ -75,7 +75,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 768 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM");
+            "cuda.wgmma 768 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -165,12 +165,12 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
-// Head dim 64: plain-shaped grids of more than one round of two blocks per SM run three per SM (64-key tiles);
+// Head dim 64: plain-shaped grids of more than one round of two blocks per SM run three per SM (128-key tiles, one at a time);
 // one round, the long fa3_h64_s4k, causal shapes, a split and ATTNKIT_CUDA_THREE=0 keep two.
 TEST(CudaPlan, MultiRoundPlainGridsRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).three_per_sm) << "192 blocks: one round";
   EXPECT_FALSE(plan_of(shape(1, 12, 12, 512, 512, 64, false)).three_per_sm) << "96 blocks";
   EXPECT_FALSE(plan_of(shape(4, 32, 32, 4096, 4096, 64, false)).three_per_sm) << "4096 keys: not plain-shaped";
@@ -186,7 +186,7 @@ TEST(CudaPlan, MultiRoundPlainGridsRunThreeBlocksPerSm) {
   setenv("ATTNKIT_CUDA_THREE", "0", 1);
   const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false));
   unsetenv("ATTNKIT_CUDA_THREE");
-  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76936 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76168 B shared, 132 SMs, plain");
 }
 
 // A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder at head
@@ -195,13 +195,13 @@ TEST(CudaPlan, MultiRoundPlainGridsRunThreeBlocksPerSm) {
 // ATTNKIT_CUDA_TAIL=0 do not.
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 168072 B shared, 132 SMs, plain, "
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167304 B shared, 132 SMs, plain, "
                                      "tail of 12 row blocks in 6 x 256 keys");
   EXPECT_EQ(whisper.tail_block, 132);
   EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 128) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
   const CudaPlan three = plan_of(shape(1, 200, 200, 100, 600, 64, false));
-  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 408 blocks of 64 rows, 44168 B shared, 132 SMs, plain, 3 per SM, "
+  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 408 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM, "
                                    "tail of 4 row blocks in 3 x 256 keys");
   EXPECT_EQ(three.tail_block, 396);
   EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 372";
