@@ -561,12 +561,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
     float score_scale;  // (what transform_scores leaves to the exponent)
-    if constexpr (kPlain) {
+    if constexpr (kPlain || kThree) {
+      // (The build of three per SM runs problems whose rows see every key of [0, k_len) and whose scale goes
+      // to the exponent only, sees_keys_as_plain: its general build too, whose visibility tests spilled.)
       score_scale = scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
     } else {
       const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
-      // (The build of three per SM runs plain-shaped problems only: no mask or softcap, launch_typed.)
-      score_scale = transform_scores<kTileKeys, true, !kThree>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
+      score_scale = transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
     }
     softmax_exponentials<kTileKeys>(s, row_max, row_sum, alpha, score_scale);
   };
@@ -748,7 +749,7 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
     if constexpr (D == 64) {
-      if (p.three_per_sm && !p.has_mask && p.transform.softcap == 0.0f) {
+      if (p.three_per_sm && sees_keys_as_plain(p)) {
         if (runs_plain(p)) return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);
         return launch_stored<T, D, T, false, true>(p, maps, blocks, stream, overlap);
       }

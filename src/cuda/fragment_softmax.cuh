@@ -171,9 +171,7 @@ __device__ __forceinline__ float scale_plain_scores(float (&s)[kCols / 8][4], fl
 // visible tile without softcap) stays short: per-element branches blow up the code and miss the I-cache.
 // kFewLoadsInFlight: mask loads in groups of 8 (a compiler barrier between groups), for a kernel whose registers
 // cannot hold 32 loads in flight (the wgmma kernel's consumers; the mma.sync kernel is better off without).
-// kMaskOrSoftcap = false: a build launched only without mask and softcap leaves both out (their code spilled
-// in the wgmma kernel's build of three blocks per SM).
-template <int kCols, bool kFewLoadsInFlight = false, bool kMaskOrSoftcap = true>
+template <int kCols, bool kFewLoadsInFlight = false>
 __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], const KernelParams& p, const BlockCoord& c,
                                                   const RowTables& t, int r0, int rows, std::int64_t k0, int n,
                                                   bool full) {
@@ -184,7 +182,7 @@ __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], cons
   const float left = fold ? scale : 1.0f;
   if (fold) {
     // (the scale goes into the exponent)
-  } else if (kMaskOrSoftcap && softcap > 0.0f) {
+  } else if (softcap > 0.0f) {
     const float scale_over_cap = scale / softcap;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j)
@@ -205,7 +203,7 @@ __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], cons
     const int r = r0 + half * 8;
     const int lo_col = r < rows ? t.begin[r] - first : 0;  // visible columns: [lo_col, hi_col) and < n
     const int hi_col = r < rows ? min(t.end[r] - first, n) : 0;
-    if (kMaskOrSoftcap && p.has_mask) {
+    if (p.has_mask) {
       // One row pointer per half and constant column offsets: the loads take immediate offsets, not 64
       // computed addresses (and the dtype switch sits outside the loop).
       const std::int64_t mask_row = r < rows ? p.lmask.index(c.b, t.head[r], t.query[r]) + k0 + (lane % 4) * 2 : 0;

@@ -316,6 +316,14 @@ __host__ __device__ __forceinline__ bool folds_scale(const KernelParams& p) {
          p.transform.scale <= FLT_MAX;
 }
 
+// Every row sees every key of [0, k_len) and the scale goes to the exponent (folds_scale): the scores need no
+// test but the keys' end, as in the plain build (scale_plain_scores). The wgmma kernel's build of three blocks per
+// SM takes only such problems, in its general build too.
+__host__ __device__ __forceinline__ bool sees_keys_as_plain(const KernelParams& p) {
+  return folds_scale(p) && !p.has_key_lengths && p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr &&
+         p.splits == 1;
+}
+
 // A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule
 // that hides a key, rotary, quantized cache or key split (but a split tail, and a split merged in clusters), every
 // output row on 16 bytes, and the launch's inputs ready at its start. The tile kernels have a build for it with
