@@ -27,13 +27,10 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroups x 64
-// Keys per tile (warpgroup_tile_keys, on the device too); `three`: the build of three blocks per SM.
-__host__ __device__ constexpr int tile_keys_for(int head_dim, bool three = false) {
-  return (void)three, head_dim > 128 ? 64 : 128;
-}
+// Keys per tile (warpgroup_tile_keys, on the device too), in every build.
+__host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim > 128 ? 64 : 128; }
 static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128) == warpgroup_tile_keys(128) &&
-                  tile_keys_for(256) == warpgroup_tile_keys(256) &&
-                  tile_keys_for(64, true) == warpgroup_tile_keys(64, true),
+                  tile_keys_for(256) == warpgroup_tile_keys(256),
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
 constexpr int kConsumerThreads = 256;
 constexpr int kSlots = 2;  // K and V tiles in flight
@@ -102,7 +99,7 @@ constexpr int raw_slots() {
 template <class T, int D, class S, bool kThree = false>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, D, S>();
-  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D, kThree)) + kOnesBytes +
+  std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
                       (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
@@ -213,7 +210,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
   constexpr int kBlockRows = block_rows<T, D, S>();
   static_assert(!kThree || kPairedBlocks<T, D, S>, "three blocks per SM: the paired build only");
-  constexpr int kTileKeys = tile_keys_for(D, kThree);
+  constexpr int kTileKeys = tile_keys_for(D);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
   constexpr int kRawSlots = raw_slots<S>();
   constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
@@ -616,6 +613,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       sm90::pin(s);
       release(&k_empty[slot]);
       softmax_tile(t, s);
+      if (t == 0) {  // (the macro is empty outside phase builds)
+        ATTNKIT_PHASE(5)
+      }
       rescale();
       pack_p(s);
       prepare_v(t);
@@ -629,12 +629,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       sm90::pin(a);
       release(&v_empty[slot]);
     }
+    ATTNKIT_PHASE(6)
   } else {
     // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
     // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
     if (tiles > 0) {
       float s[kTileKeys / 8][4];
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
       if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
       sm90::mbarrier_wait(&k_full[0], 0);
@@ -660,7 +661,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       if constexpr (kSumsOnTensorCores) sm90::pin(sums);
       if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
       float s[kTileKeys / 8][4];
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
       sm90::fence();
       issue_qk(t, s);

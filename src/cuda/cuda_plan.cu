@@ -246,9 +246,10 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
-  // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time): for plain-shaped problems (whatever build runs them:
-  // the plain and general builds give the same bits only at the same tiles) whose grid is more than one round of
-  // two blocks per SM. On the H200 `bert_b8_s512` ran 25.55 -> 23.23 us so and Whisper's encoder 32.53 -> 28.98,
+  // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time): for plain-shaped problems (whatever
+  // build runs them: the plain and general builds give the same bits only at the same tiles) whose grid is more
+  // than one round of two blocks per SM. On the H200 `bert_b8_s512` ran 25.55 -> 23.23 us so with 64-key tiles
+  // (21.2 with 128-key ones, bench/results/2026-12-01-h200-cuda-three-seq.md) and Whisper's encoder 32.53 -> 28.98,
   // while one-round grids (`bert_b1_s512` 7.89 -> 8.63), the long `fa3_h64_s4k` (+2.7%) and a causal
   // Whisper-sized shape (20.65 -> 24.98) lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&

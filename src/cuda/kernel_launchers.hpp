@@ -112,10 +112,8 @@ void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream
 inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
-// registers per thread). (`three`, the build of three blocks per SM, KernelParams::three_per_sm, has 128 too.)
-constexpr int warpgroup_tile_keys(std::int64_t head_dim, bool three = false) {
-  return (void)three, head_dim > 128 ? 64 : 128;
-}
+// registers per thread), in every build (three blocks per SM too).
+constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma

@@ -90,7 +90,7 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(p.head_dim, p.three_per_sm));
+  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(p.head_dim));
   const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8

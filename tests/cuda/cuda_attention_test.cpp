@@ -164,7 +164,8 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                         // heads x 16 queries, rows past the queries' end read as zeros)
                         Shape{2, 24, 8, 150, 257, 64, LayoutKind::HeadFirst},
                         Shape{2, 32, 4, 100, 300, 128, LayoutKind::PositionsFirst},
-                        // 288 row blocks of 64 at head dim 64: three blocks per SM on an H200, 128-key tiles one at a time
+                        // 288 row blocks of 64 at head dim 64: three blocks per SM on an H200 (128-key tiles,
+                        // one at a time)
                         Shape{3, 12, 12, 512, 300, 64, LayoutKind::HeadFirst},
                         // Whisper's decoder steps: split, merged in clusters on sm_90 (the merge pass elsewhere)
                         Shape{1, 12, 12, 1, 448, 64, LayoutKind::HeadFirst},

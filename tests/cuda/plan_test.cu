@@ -165,8 +165,8 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
-// Head dim 64: plain-shaped grids of more than one round of two blocks per SM run three per SM (128-key tiles, one at a time);
-// one round, the long fa3_h64_s4k, causal shapes, a split and ATTNKIT_CUDA_THREE=0 keep two.
+// Head dim 64: plain-shaped grids of more than one round of two blocks per SM run three per SM (128-key tiles,
+// one at a time); one round, the long fa3_h64_s4k, causal shapes, a split and ATTNKIT_CUDA_THREE=0 keep two.
 TEST(CudaPlan, MultiRoundPlainGridsRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
