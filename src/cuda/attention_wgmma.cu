@@ -512,18 +512,33 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // Three blocks per SM (80 registers at launch) issue it as two MMAs of 64 keys: ptxas does not compile an MMA
   // whose 64 accumulators and operands pass the launch's registers, whatever setmaxnreg grants later.
   constexpr int kScoreN = kThree ? 64 : kTileKeys;
+  // Three per SM: each MMA's descriptors as a base plus a constant (one add, not the address's mask, shift and
+  // fields again: the build's uniform pipe ran 6x cuDNN's instructions). A shared-memory address's 14-bit field
+  // never carries into the next one.
+  const std::uint64_t q_desc = sm90::swizzle128_desc(q_addr, 16, 1024);
+  const std::uint64_t k_desc = sm90::swizzle128_desc(sm90::smem_u32(ks), 16, 1024);
+  const std::uint64_t v_desc = sm90::swizzle128_desc(sm90::smem_u32(vs), kTileKeys * 128, 1024);
+  auto plus = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
   auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const std::uint32_t k_addr = sm90::smem_u32(ks + (t % kSlots) * kTileBytes);
+    if constexpr (kThree) {
+      const std::uint64_t slot_desc = plus(k_desc, (t % kSlots) * kTileBytes);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const std::uint32_t at = (kk % 4) * 32;
+      for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-      for (int n = 0; n < kTileKeys / kScoreN; ++n) {
-        sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
-                                    sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
-                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + n * kScoreN * 128 + at,
-                                                          16, 1024),
-                                    kk > 0);
+        for (int n = 0; n < kTileKeys / kScoreN; ++n) {
+          sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
+                                      plus(q_desc, (kk / 4) * kBlockRows * 128 + (kk % 4) * 32),
+                                      plus(slot_desc, (kk / 4) * kTileKeys * 128 + n * kScoreN * 128 + (kk % 4) * 32),
+                                      kk > 0);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t at = (kk % 4) * 32;
+        sm90::Wgmma<T, kScoreN>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
+                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
       }
     }
     sm90::commit();
@@ -534,14 +549,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   constexpr int kOutN = D > 128 ? 128 : D;
   auto issue_pv = [&](int t) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + (t % kSlots) * kTileBytes);
+    const std::uint64_t slot_desc = plus(v_desc, (t % kSlots) * kTileBytes);
 #pragma unroll
     for (int h = 0; h < D / kOutN; ++h) {
       auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
 #pragma unroll
       for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        const std::uint32_t at = h * (kOutN / 64) * kTileKeys * 128 + kk * 2048;
         sm90::Wgmma<T, kOutN>::rs(out, a[kk],
-                                  sm90::swizzle128_desc(v_addr + h * (kOutN / 64) * kTileKeys * 128 + kk * 2048,
-                                                        kTileKeys * 128, 1024));
+                                  kThree ? plus(slot_desc, at)
+                                         : sm90::swizzle128_desc(v_addr + at, kTileKeys * 128, 1024));
       }
     }
     if constexpr (kSumsOnTensorCores) {
