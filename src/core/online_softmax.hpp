@@ -48,7 +48,9 @@ struct RowFinish {
   float lse;
 };
 
-// `sink`: the head-sink logit joining the denominator (ignored unless has_sink).
+// `sink`: the head-sink logit joining the denominator (ignored unless has_sink). kWithLse = false leaves the
+// log-sum-exp out (0 where the row has keys): a caller that does not return it saves the logarithm.
+template <bool kWithLse = true>
 ATTNKIT_HD RowFinish finish_row(const RowState& s, bool has_sink, float sink, MaskedRows masked) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   if (s.poisoned) return {kNaN, kNaN};
@@ -64,7 +66,7 @@ ATTNKIT_HD RowFinish finish_row(const RowState& s, bool has_sink, float sink, Ma
   if (!(sum > 0.0f)) {  // no visible key (and no sink)
     return {masked == MaskedRows::Zero ? 0.0f : kNaN, kNegInf};
   }
-  return {acc_factor / sum, usable_max(max) + std::log(sum)};
+  return {acc_factor / sum, kWithLse ? usable_max(max) + std::log(sum) : 0.0f};
 }
 
 }  // namespace attnkit::core
