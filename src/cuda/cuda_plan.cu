@@ -8,6 +8,7 @@
 #include "../core/work_rounds.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdlib>
 #include <string>
 
@@ -91,6 +92,16 @@ bool plain_shape(const AttentionProblem& p) {
                          !p.has_causal_offsets;  // (a causal rule that hides nothing: a decoder step's query)
   return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
          p.softcap.value_or(0.0f) == 0.0f && every_key && !quantized && output_chunks;
+}
+
+// Whether every row sees every key of [0, k_len) and the scale may go to the exponent: the problems that the
+// wgmma kernel's build of three blocks per SM takes (its launch checks sees_keys_as_plain again).
+bool sees_keys_as_plain(const AttentionProblem& p) {
+  const bool every_key = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
+                         !p.has_causal_offsets;
+  const float scale = p.scale.value_or(1.0f);
+  return every_key && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f && scale > 0.0f &&
+         scale <= FLT_MAX;
 }
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
@@ -246,14 +257,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
-  // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time): for plain-shaped problems (whatever
-  // build runs them: the plain and general builds give the same bits only at the same tiles) whose grid is more
-  // than one round of two blocks per SM. On the H200 `bert_b8_s512` ran 25.55 -> 23.23 us so with 64-key tiles
-  // (21.2 with 128-key ones, bench/results/2026-12-01-h200-cuda-three-seq.md) and Whisper's encoder 32.53 -> 28.98,
-  // while one-round grids (`bert_b1_s512` 7.89 -> 8.63), the long `fa3_h64_s4k` (+2.7%) and a causal
-  // Whisper-sized shape (20.65 -> 24.98) lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
+  // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time), for every problem that build takes
+  // (sees_keys_as_plain), in the plain build or the general one. On the H200 it took `bert_b8_s512` 23.1 -> 21.2 us
+  // and Whisper's encoder 28.9 -> 27.4 (bench/results/2026-12-01-h200-cuda-three-seq.md), and, since its tiles are
+  // 128 keys run one at a time, one-round grids gain too: `bert_b1_s512` 7.74 -> 7.53, `fa3_h64_s4k` (4,096 keys,
+  // the general build) 1,516 -> 1,414 (bench/results/2026-12-01-h200-cuda-three-all.md). With 64-key tiles those
+  // had lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
-                      plan.splits == 1 && plain_shape(p) && base_blocks > sms * device.resident_blocks(plan.kernel) &&
+                      plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_as_plain(p) &&
                       env_value("ATTNKIT_CUDA_THREE") != "0";
   // (In blocks the SMs hold at once: two or three per SM at head dim 64, 400 row blocks on 396 places.)
   if (plan.plain && warpgroup && plan.splits == 1 && env_value("ATTNKIT_CUDA_TAIL") != "0") {
