@@ -10,7 +10,6 @@ constexpr int kMergeWarps = 4;
 constexpr int kMergeThreads = kMergeWarps * 32;
 
 constexpr int kMaxColumnsPerLane = 8;  // v_head_dim <= 256
-constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are folded
 
 // One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. The
 // fold (kernel_params.cuh, warp_max): the largest range max first, then each range's weight, then the weighted
@@ -18,9 +17,14 @@ constexpr int kSplitsInFlight = 8;     // partial rows loaded before they are fo
 // lane when its turn comes) and the columns of 8 splits are loaded before any of them is folded.
 // first_base: the row block (a whole-block index) of blockIdx.x 0, whose partials start the buffer (a split
 // tail's merge: CudaPlan::tail_pieces ranges per row block, from its first split row block on).
-template <class T>
+// kColumns: the columns per lane (v_head_dim up to 32 kColumns); kSplitsInFlight: the partial rows loaded before
+// any is folded. Both only size the unrolled work (the folds run in range order whatever they are): a split
+// tail merges thousands of rows of two to four ranges, where a build for 256 columns and 8 ranges in flight
+// issued 16 times the loads it needed (17 us for 7,680 rows of head dim 64 on the H200, Nsight Compute).
+template <class T, int kColumns, int kSplitsInFlight>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams p, std::int64_t row_block,
                                                               std::int64_t first_base) {
+  static_assert(kColumns <= kMaxColumnsPerLane);
   wait_for_prior_grids();  // launched to overlap the attention kernel that writes the partials
   const std::int64_t base = blockIdx.x;
   const BlockCoord c = block_coord(p, (first_base + base) * p.splits);
@@ -41,9 +45,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
     poison |= part[2] != 0.0f;
   }
   max = warp_max(max);
-  float acc[kMaxColumnsPerLane];
+  float acc[kColumns];
 #pragma unroll
-  for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kColumns; ++i) acc[i] = 0.0f;
   for (int group = 0; group < splits; group += 32) {
     const int in_group = min(32, splits - group);
     float part_weight = 0.0f, part_sum = 0.0f;
@@ -53,12 +57,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
       part_sum = part[1];
     }
     for (int k0 = 0; k0 < in_group; k0 += kSplitsInFlight) {
-      float x[kSplitsInFlight][kMaxColumnsPerLane];
+      float x[kSplitsInFlight][kColumns];
 #pragma unroll
       for (int k = 0; k < kSplitsInFlight; ++k) {
         const float* part = first_part + (group + k0 + k) * stride + 3;
 #pragma unroll
-        for (int i = 0; i < kMaxColumnsPerLane; ++i) {
+        for (int i = 0; i < kColumns; ++i) {
           const int d = lane + 32 * i;
           x[k][i] = k0 + k < in_group && d < Dv ? part[d] : 0.0f;
         }
@@ -70,7 +74,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
         if (k0 + k >= in_group) continue;
         sum = add_weighted(sum, s, w);
 #pragma unroll
-        for (int i = 0; i < kMaxColumnsPerLane; ++i) acc[i] = add_weighted(acc[i], x[k][i], w);
+        for (int i = 0; i < kColumns; ++i) acc[i] = add_weighted(acc[i], x[k][i], w);
       }
     }
   }
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
   const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
   T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
 #pragma unroll
-  for (int k = 0; k < kMaxColumnsPerLane; ++k) {
+  for (int k = 0; k < kColumns; ++k) {
     const int d = lane + 32 * k;
     if (d < Dv) out[d] = from_float<T>(finished_value(fin, acc[k]));
   }
@@ -100,20 +104,39 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
 
 }  // namespace
 
+namespace {
+
+template <class T, int kColumns>
+void launch_merge_columns(const KernelParams& p, dim3 blocks, std::int64_t row_block, cudaStream_t stream,
+                          bool overlap, std::int64_t first_base) {
+  if (p.splits <= 2) {
+    launch_kernel(merge_kernel<T, kColumns, 2>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
+  } else if (p.splits <= 4) {
+    launch_kernel(merge_kernel<T, kColumns, 4>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
+  } else {
+    launch_kernel(merge_kernel<T, kColumns, 8>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
+  }
+}
+
+template <class T>
+void launch_merge_typed(const KernelParams& p, dim3 blocks, std::int64_t row_block, cudaStream_t stream,
+                        bool overlap, std::int64_t first_base) {
+  if (p.v_head_dim <= 32) return launch_merge_columns<T, 1>(p, blocks, row_block, stream, overlap, first_base);
+  if (p.v_head_dim <= 64) return launch_merge_columns<T, 2>(p, blocks, row_block, stream, overlap, first_base);
+  if (p.v_head_dim <= 128) return launch_merge_columns<T, 4>(p, blocks, row_block, stream, overlap, first_base);
+  launch_merge_columns<T, kMaxColumnsPerLane>(p, blocks, row_block, stream, overlap, first_base);
+}
+
+}  // namespace
+
 void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cudaStream_t stream, bool overlap,
                   std::int64_t first_base) {
   const dim3 blocks(static_cast<unsigned>(p.batch * p.kv_heads * p.row_blocks - first_base),
                     static_cast<unsigned>((row_block + kMergeWarps - 1) / kMergeWarps));
   switch (dtype) {
-    case DType::f32:
-      launch_kernel(merge_kernel<float>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
-      break;
-    case DType::f16:
-      launch_kernel(merge_kernel<__half>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
-      break;
-    case DType::bf16:
-      launch_kernel(merge_kernel<__nv_bfloat16>, blocks, kMergeThreads, 0, stream, overlap, p, row_block, first_base);
-      break;
+    case DType::f32: return launch_merge_typed<float>(p, blocks, row_block, stream, overlap, first_base);
+    case DType::f16: return launch_merge_typed<__half>(p, blocks, row_block, stream, overlap, first_base);
+    case DType::bf16: return launch_merge_typed<__nv_bfloat16>(p, blocks, row_block, stream, overlap, first_base);
   }
 }
 
