@@ -266,8 +266,10 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
                       plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_as_plain(p) &&
                       env_value("ATTNKIT_CUDA_THREE") != "0";
-  // (In blocks the SMs hold at once: two or three per SM at head dim 64, 400 row blocks on 396 places.)
-  if (plan.plain && warpgroup && plan.splits == 1 && env_value("ATTNKIT_CUDA_TAIL") != "0") {
+  // (In blocks the SMs hold at once.) Not under three per SM: there the tails of 84 and 116 row blocks made
+  // two head-dim-64 shapes slower, 37.1 -> 44.1 and 26.6 -> 36.1 us, merge included
+  // (bench/results/2026-12-01-h200-cuda-three-all.md).
+  if (plan.plain && warpgroup && plan.splits == 1 && !plan.three_per_sm && env_value("ATTNKIT_CUDA_TAIL") != "0") {
     const std::int64_t places =
         sms * (plan.three_per_sm ? device.warpgroup_three_resident : device.resident_blocks(plan.kernel));
     const std::int64_t tail = base_blocks % places;
