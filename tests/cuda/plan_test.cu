@@ -51,7 +51,7 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76168 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 96);
