@@ -254,9 +254,6 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.cluster_merge = clusters && plan.splits > 1 && plan.splits <= kMaxClusterSplits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
                (plan.splits == 1 || plan.cluster_merge) && plain_problem(p);
-  // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
-  // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
-  // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends.
   // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time), for every problem that build takes
   // (sees_keys_as_plain), in the plain build or the general one. On the H200 it took `bert_b8_s512` 23.1 -> 21.2 us
   // and Whisper's encoder 28.9 -> 27.4 (bench/results/2026-12-01-h200-cuda-three-seq.md), and, since its tiles are
@@ -266,12 +263,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
                       plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_as_plain(p) &&
                       env_value("ATTNKIT_CUDA_THREE") != "0";
-  // (In blocks the SMs hold at once.) Not under three per SM: there the tails of 84 and 116 row blocks made
+  // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
+  // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
+  // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends
+  // (places: blocks the SMs hold at once). Not under three per SM: there the tails of 84 and 116 row blocks made
   // two head-dim-64 shapes slower, 37.1 -> 44.1 and 26.6 -> 36.1 us, merge included
   // (bench/results/2026-12-01-h200-cuda-three-all.md).
   if (plan.plain && warpgroup && plan.splits == 1 && !plan.three_per_sm && env_value("ATTNKIT_CUDA_TAIL") != "0") {
-    const std::int64_t places =
-        sms * (plan.three_per_sm ? device.warpgroup_three_resident : device.resident_blocks(plan.kernel));
+    const std::int64_t places = sms * device.resident_blocks(plan.kernel);
     const std::int64_t tail = base_blocks % places;
     const std::int64_t tiles = ceil_div(p.k_len, kWarpgroupTileKeys);
     if (base_blocks > places && tail > 0 && 2 * tail <= places && tiles >= kTailMinTiles) {
