@@ -83,25 +83,28 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_THREE=0 keeps the wgmma kernel at two blocks per SM (head dim 64; CudaPlan::three_per_sm);
 //   ATTNKIT_CUDA_CLUSTER=0 merges every split by the merge pass (no cluster merge).
 
+// Whether the visibility rule hides no key of [0, k_len) from any row (a causal rule may hide nothing: a
+// decoder step's query).
+bool rule_hides_no_key(const AttentionProblem& p) {
+  return core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
+         !p.has_causal_offsets;
+}
+
 // Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
 bool plain_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  const bool every_key = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
-                         !p.has_causal_offsets;  // (a causal rule that hides nothing: a decoder step's query)
   return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
-         p.softcap.value_or(0.0f) == 0.0f && every_key && !quantized && output_chunks;
+         p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
 
 // Whether every row sees every key of [0, k_len) and the scale may go to the exponent: the problems that the
 // wgmma kernel's build of three blocks per SM takes (its launch checks sees_keys_as_plain again).
 bool sees_keys_as_plain(const AttentionProblem& p) {
-  const bool every_key = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
-                         !p.has_causal_offsets;
   const float scale = p.scale.value_or(1.0f);
-  return every_key && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f && scale > 0.0f &&
-         scale <= FLT_MAX;
+  return rule_hides_no_key(p) && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f &&
+         scale > 0.0f && scale <= FLT_MAX;
 }
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).

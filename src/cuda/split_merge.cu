@@ -14,7 +14,7 @@ constexpr int kMaxColumnsPerLane = 8;  // v_head_dim <= 256
 // One warp per row: blockIdx.x is a (b, kvh, row block) without its split, blockIdx.y picks 4 of its rows. The
 // fold (kernel_params.cuh, warp_max): the largest range max first, then each range's weight, then the weighted
 // sums in range order. Lane j loads the state of split j of each group of 32 (its weight is shuffled to every
-// lane when its turn comes) and the columns of 8 splits are loaded before any of them is folded.
+// lane when its turn comes) and the columns of up to 8 splits are loaded before any of them is folded.
 // first_base: the row block (a whole-block index) of blockIdx.x 0, whose partials start the buffer (a split
 // tail's merge: CudaPlan::tail_pieces ranges per row block, from its first split row block on).
 // kColumns: the columns per lane (v_head_dim up to 32 kColumns); kSplitsInFlight: the partial rows loaded before
@@ -101,10 +101,6 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
     if (l < 0 || l > k_len) atomicMin(reinterpret_cast<unsigned*>(bad), static_cast<unsigned>(b));
   }
 }
-
-}  // namespace
-
-namespace {
 
 template <class T, int kColumns>
 void launch_merge_columns(const KernelParams& p, dim3 blocks, std::int64_t row_block, cudaStream_t stream,
