@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
+  if (p.wait_first) wait_for_prior_grids();  // (launched to overlap an unknown kernel, which may write any input)
   // Plain: every row sees the block's whole key range (all keys, or its range of a split merged in clusters) and
   // Q's rows come from row_of, so no table and no barrier.
   const BlockKeys keys = kPlain ? BlockKeys{static_cast<int>(c.key_begin), static_cast<int>(c.key_end),
@@ -397,16 +398,16 @@ std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type) {
   return smem_bytes_for<__half, __half>(d);
 }
 
-void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream) {
+void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap) {
   with_instance(dtype, p.head_dim, p.k_type, runs_plain(p), [&](auto instance) {
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
     if (p.cluster_merge) {
       allow_large_clusters<I::kernel>();
-      launch_kernel_in_clusters(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, I::smem(), stream, false,
+      launch_kernel_in_clusters(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, I::smem(), stream, overlap,
                                 static_cast<unsigned>(p.splits), p);
     } else {
-      I::kernel<<<static_cast<unsigned>(blocks), kThreads, I::smem(), stream>>>(p);
+      launch_kernel(I::kernel, dim3(static_cast<unsigned>(blocks)), kThreads, I::smem(), stream, overlap, p);
     }
   });
 }

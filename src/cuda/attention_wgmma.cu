@@ -242,6 +242,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const int lane = tid % 32;
   const std::int64_t block = p.first_block + blockIdx.x;
   const BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
+  // (Launched to overlap an unknown kernel: it may write anything read below; only its launch latency and this
+  // block's start pass under its tail.)
+  if (p.wait_first) wait_for_prior_grids();
   ATTNKIT_PHASE(1)
   // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
   // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).

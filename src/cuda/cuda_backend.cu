@@ -248,12 +248,17 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   }
   if (plan.blocks == 0) return;
   // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
-  // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. (Plain attention calls keep
-  // ordinary launches: nothing of theirs is known to precede them, and they are what the benchmarks capture in
-  // CUDA graphs.) Not for the decode-mma kernel: on the H200 its int8 steps took 297.5 / 172.5 µs with them
-  // and 261.3 / 169.2 µs without (batch 64 x 4k / batch 8 x 32k), while the wgmma steps gained 0-2%.
-  const bool pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && overlap_previous &&
-                   plan.kernel == CudaPlan::Kernel::Warpgroup;
+  // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. Not for the decode-mma kernel:
+  // on the H200 its int8 steps took 297.5 / 172.5 µs with them and 261.3 / 169.2 µs without (batch 64 x 4k /
+  // batch 8 x 32k), while the wgmma steps gained 0-2%.
+  const bool pdl_allowed = env_value("ATTNKIT_CUDA_PDL") != "0";
+  const bool pdl = pdl_allowed && overlap_previous && plan.kernel == CudaPlan::Kernel::Warpgroup;
+  // A plain attention call's tile kernel may start under the tail of whatever kernel precedes it: it waits for
+  // that kernel before it reads anything (wait_first), so only the launch latency and the blocks' start overlap.
+  // (What back-to-back calls, a model's layers or a benchmark's CUDA graph, see between two kernels.)
+  const bool pdl_call = pdl_allowed && env_value("ATTNKIT_CUDA_CALL_PDL") != "0" && !overlap_previous &&
+                        device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 &&
+                        (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore);
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
   params.plain = plan.plain;
@@ -284,15 +289,16 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     params.inputs_ready = !(first == 0 && pdl);
+    params.wait_first = first == 0 && pdl_call;
     const std::int64_t blocks = std::min(per_launch, plan.blocks - first);
     if (plan.kernel == CudaPlan::Kernel::Decode) {
       launch_decode(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::DecodeMma) {
       launch_decode_mma(params, p.dtype, blocks, stream);
     } else if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
-      launch_warpgroup(params, maps, p.dtype, blocks, stream, first == 0 && pdl);
+      launch_warpgroup(params, maps, p.dtype, blocks, stream, first == 0 && (pdl || pdl_call));
     } else if (tensor_cores) {
-      launch_mma(params, p.dtype, blocks, stream);
+      launch_mma(params, p.dtype, blocks, stream, params.wait_first);
     } else if (tf32) {
       launch_tf32(params, blocks, stream);
     } else {

@@ -73,7 +73,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
 //   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
 //   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
-//   ATTNKIT_CUDA_MERGE_PDL=0 does so for the split-K merge pass only;
+//   ATTNKIT_CUDA_MERGE_PDL=0 does so for the split-K merge pass only, ATTNKIT_CUDA_CALL_PDL=0 for a plain call's
+//   tile kernel (which otherwise starts under the tail of the kernel before it);
 //   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
 //   still holds);
 //   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);

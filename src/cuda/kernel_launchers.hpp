@@ -96,7 +96,8 @@ void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::s
 // K/V may be quantized (int8 / int4, both alike) at head dims 64 and 128: tiles are dequantized in shared memory.
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
 std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
-void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream);
+// overlap: a programmatic dependent launch (p.wait_first set).
+void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap);
 int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
 
 // attention_tf32.cu: float32 on tensor cores (3 TF32 products per product, float32 accuracy), head dim 32, 64 or

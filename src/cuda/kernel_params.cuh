@@ -93,6 +93,10 @@ struct KernelParams {
   // the wgmma kernel may start its first copies before its row setup (their latency passes under it). (The
   // mma.sync kernel gained nothing from it: its one- and two-tile blocks ran 0.1-0.3 us slower on the H200.)
   bool inputs_ready;
+  // The launch may start while an unknown kernel before it in the stream runs (a programmatic dependent launch of
+  // a plain attention call): the kernel waits for it before its first read of global memory (inputs_ready holds
+  // then for everything after).
+  bool wait_first;
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
 };
 
