@@ -3,6 +3,8 @@ efficient) and the unfused GEMM + softmax + GEMM chain, in one process, on the s
 
 Every case is verified first (scaled error against a float64 reference computed on the GPU), then each variant
 is timed with CUDA-graph replay (triton.testing.do_bench_cudagraph, median), so launch overhead drops out.
+attnkit is timed twice: as it runs (a plain call's kernel is a programmatic dependent launch, so in the graph each
+call starts under the tail of the one before) and with ordinary launches, as the peers run.
 Writes a CSV, a Markdown table and (with --plot) a PNG of attnkit's time ratio to the best peer per case.
 
 Run (on a GPU machine, with attnkit installed or on PYTHONPATH):
@@ -136,7 +138,11 @@ def main():
             big = b * hq * sq * sk > 2e9
             ref = None if big else reference(q, k, v, causal)
             row = {"case": name, "dtype": str(dt).split(".")[-1], "flops": flops, "bytes": nbytes}
-            variants = [("attnkit", lambda: attnkit.attention(q, k, v, causal=causal, out=o))]
+            call = lambda: attnkit.attention(q, k, v, causal=causal, out=o)
+            # attnkit twice: as it runs (a plain call's kernel starts under the tail of the kernel before it,
+            # here our own previous call in the graph), and with ordinary launches like the peers'
+            # (ATTNKIT_CUDA_CALL_PDL=0, read at every call, so also while the graph is captured).
+            variants = [("attnkit", call), ("attnkit_ordinary", ordinary_launches(call))]
             if not big:
                 variants.append(("unfused", lambda: unfused(q, k, v, causal)))
             variants += [(p, peer(p, q, k, v, causal)) for p in PEERS]
@@ -159,6 +165,21 @@ def main():
             torch.cuda.empty_cache()
     write_outputs(rows, header, args)
     print_table(rows)
+
+
+def ordinary_launches(fn):
+    """fn with ATTNKIT_CUDA_CALL_PDL=0 set while it runs (and so while do_bench_cudagraph captures it)."""
+    def run():
+        before = os.environ.get("ATTNKIT_CUDA_CALL_PDL")
+        os.environ["ATTNKIT_CUDA_CALL_PDL"] = "0"
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["ATTNKIT_CUDA_CALL_PDL"]
+            else:
+                os.environ["ATTNKIT_CUDA_CALL_PDL"] = before
+    return run
 
 
 def git_commit():
@@ -193,13 +214,15 @@ def fmt_row(r):
 
 
 COLUMNS = ["case", "dtype", "attnkit_us", "attnkit_tflops", "attnkit_gbps", "attnkit_err", "flash_us", "cudnn_us",
-           "efficient_us", "unfused_us", "speedup_vs_flash", "speedup_vs_best_peer"]
+           "efficient_us", "unfused_us", "speedup_vs_flash", "speedup_vs_best_peer", "attnkit_ordinary_us",
+           "ordinary_speedup_vs_best_peer"]
 
 
 def derived(r):
     t = r.get("attnkit_us", float("nan"))
     return {"attnkit_tflops": r["flops"] / t / 1e6, "attnkit_gbps": r["bytes"] / t / 1e3,
-            "speedup_vs_flash": r.get("flash_us", float("nan")) / t, "speedup_vs_best_peer": r["best_peer_us"] / t}
+            "speedup_vs_flash": r.get("flash_us", float("nan")) / t, "speedup_vs_best_peer": r["best_peer_us"] / t,
+            "ordinary_speedup_vs_best_peer": r["best_peer_us"] / r.get("attnkit_ordinary_us", float("nan"))}
 
 
 def write_outputs(rows, header, args):
@@ -213,13 +236,15 @@ def write_outputs(rows, header, args):
         with open(args.markdown, "w") as f:
             f.write(header.lstrip("# ") + "\n\n")
             f.write("| case | dtype | attnkit µs | TFLOP/s | GB/s | err | torch flash µs | cuDNN µs | efficient µs | "
-                    "unfused µs | vs flash | vs best peer |\n|" + "---|" * 12 + "\n")
+                    "unfused µs | vs flash | vs best peer | attnkit µs, ordinary launches | vs best peer, ordinary |\n|" +
+                    "---|" * 14 + "\n")
             for r in rows:
                 d = derived(r)
                 f.write(f"| {r['case']} | {r['dtype']} | {fmt(r.get('attnkit_us'), '.1f')} | {fmt(d['attnkit_tflops'], '.1f')} | "
                         f"{fmt(d['attnkit_gbps'], '.0f')} | {fmt(r.get('attnkit_err'), '.1e')} | {fmt(r.get('flash_us'), '.1f')} | "
                         f"{fmt(r.get('cudnn_us'), '.1f')} | {fmt(r.get('efficient_us'), '.1f')} | {fmt(r.get('unfused_us'), '.1f')} | "
-                        f"{fmt(d['speedup_vs_flash'], '.2f')}x | {fmt(d['speedup_vs_best_peer'], '.2f')}x |\n")
+                        f"{fmt(d['speedup_vs_flash'], '.2f')}x | {fmt(d['speedup_vs_best_peer'], '.2f')}x | "
+                        f"{fmt(r.get('attnkit_ordinary_us'), '.1f')} | {fmt(d['ordinary_speedup_vs_best_peer'], '.2f')}x |\n")
     if args.plot:
         if not args.csv:
             raise SystemExit("--plot draws from the CSV: give --csv too")
@@ -228,12 +253,14 @@ def write_outputs(rows, header, args):
 
 
 def print_table(rows):
-    print("\ncase                         dtype     attnkit_us  TFLOP/s   flash_us  cudnn_us    eff_us  vs_flash  vs_best")
+    print("\ncase                         dtype     attnkit_us  TFLOP/s   flash_us  cudnn_us    eff_us  vs_flash  vs_best"
+          "  ordinary_us  vs_best")
     for r in rows:
         d = derived(r)
         print(f"{r['case']:28s} {r['dtype']:8s} {fmt(r.get('attnkit_us'), '10.1f')} {fmt(d['attnkit_tflops'], '8.1f')} "
               f"{fmt(r.get('flash_us'), '10.1f')} {fmt(r.get('cudnn_us'), '9.1f')} {fmt(r.get('efficient_us'), '9.1f')} "
-              f"{fmt(d['speedup_vs_flash'], '8.2f')}x {fmt(d['speedup_vs_best_peer'], '7.2f')}x")
+              f"{fmt(d['speedup_vs_flash'], '8.2f')}x {fmt(d['speedup_vs_best_peer'], '7.2f')}x "
+              f"{fmt(r.get('attnkit_ordinary_us'), '12.1f')} {fmt(d['ordinary_speedup_vs_best_peer'], '7.2f')}x")
 
 
 if __name__ == "__main__":
