@@ -251,13 +251,14 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // pre-pass): the wgmma kernel after it, and the merge pass after that kernel. Not for the decode-mma kernel:
   // on the H200 its int8 steps took 297.5 / 172.5 µs with them and 261.3 / 169.2 µs without (batch 64 x 4k /
   // batch 8 x 32k), while the wgmma steps gained 0-2%.
-  const bool pdl_allowed = env_value("ATTNKIT_CUDA_PDL") != "0";
+  // (The capability read once per call, a driver query; `pdl` needs sm_90 anyway: the wgmma kernel runs nowhere else.)
+  const bool pdl_allowed =
+      env_value("ATTNKIT_CUDA_PDL") != "0" && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   const bool pdl = pdl_allowed && overlap_previous && plan.kernel == CudaPlan::Kernel::Warpgroup;
   // A plain attention call's tile kernel may start under the tail of whatever kernel precedes it: it waits for
   // that kernel before it reads anything (wait_first), so only the launch latency and the blocks' start overlap.
   // (What back-to-back calls, a model's layers or a benchmark's CUDA graph, see between two kernels.)
   const bool pdl_call = pdl_allowed && env_value("ATTNKIT_CUDA_CALL_PDL") != "0" && !overlap_previous &&
-                        device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 &&
                         (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore);
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
@@ -309,8 +310,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // The merge pass waits for the attention kernel it follows (ours, in the same call) before it reads a
   // partial, so it is always launched to overlap that kernel's tail (sm_90): its launch latency passes while
   // the last blocks of the attention grid run.
-  const bool merge_pdl = env_value("ATTNKIT_CUDA_PDL") != "0" && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0" &&
-                         device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  const bool merge_pdl = pdl_allowed && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0";
   if (plan.splits > 1 && !params.cluster_merge) {
     launch_merge(params, p.dtype, plan.row_block, stream, merge_pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");
