@@ -95,13 +95,14 @@ constexpr int raw_slots() {
   return std::is_same_v<S, Int4Tag> ? 2 * kSlots : kSlots;
 }
 
-// Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers, the row tables, and
+// Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers (the ring's, Q's full
+// and empty), the row tables, and
 // 1024 bytes to align the tiles on the swizzle pattern.
 template <class T, int D, class S, bool kThree = false>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, D, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
-                      (4 * kSlots + 1) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
+                      (4 * kSlots + 2) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
              4 * raw_slots<S>() * sizeof(std::uint64_t);
@@ -144,7 +145,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   std::uint64_t* const raw_k_empty = raw_v_full + kRawSlots;
   std::uint64_t* const raw_v_empty = raw_k_empty + kRawSlots;
   std::uint64_t* const q_full = bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0);  // Q by TMA (p.q_by_tma)
-  int* const tables_mem = reinterpret_cast<int*>(q_full + 1);
+  std::uint64_t* const q_empty = q_full + 1;  // (a persistent grid) the consumers' S MMAs are done with Q
+  int* const tables_mem = reinterpret_cast<int*>(q_full + 2);
   const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
                          tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
 
@@ -153,8 +155,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // warp-uniform: wgmma in a possibly divergent path gets serialized (ptxas C7518).
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int lane = tid % 32;
-  const std::int64_t block = p.first_block + blockIdx.x;
-  const BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
+  // A persistent grid (the plain build of three per SM, KernelParams::persistent_places): the block runs this
+  // unit of work and every gridDim.x-th after it. Its K/V ring carries on from one unit to the next, so the next
+  // unit's first tiles load under this one's last; its Q loads once this one's last S is done (the output is
+  // staged in the last V slot, not in the Q tile). Otherwise the loops below run once.
+  constexpr bool kPersistent = kPlain && kThree;
+  std::int64_t block = p.first_block + blockIdx.x;
+  BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
   // (Launched to overlap an unknown kernel: it may write anything read below; only its launch latency and this
   // block's start pass under its tail.)
   if (p.wait_first) wait_for_prior_grids();
@@ -165,17 +172,18 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       !kPlain && p.rotary.cos != nullptr && p.rotary.position_ids == nullptr && tid >= 128
           ? p.rotary.first_position[c.b * p.rotary.first_position_stride]
           : 0;
-  const std::int64_t first_row = c.row_block * kBlockRows;
-  const int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
+  std::int64_t first_row = c.row_block * kBlockRows;
+  int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
   // warpgroup 0 alone, without turns: warpgroup 1 would spend the tensor cores on padding rows while the
   // stream waits for both to release each slot.
   const bool solo = kPairedBlocks<T, D, S> || rows <= 64;
   const int consumer_threads = solo ? 128 : kConsumerThreads;
-  // Tile t of K and V (keys from t0) into its slots by TMA, once the consumers have freed them.
-  auto issue_kv_tile = [&](int t, int t0) {
-    const int slot = t % kSlots;
-    const unsigned parity = (t / kSlots) % 2;
+  // The g-th tile through the ring (a block's tile t; a persistent block's units count on) of K and V, keys from
+  // t0, into its slots by TMA, once the consumers have freed them.
+  auto issue_kv_tile = [&](int g, int t0) {
+    const int slot = g % kSlots;
+    const unsigned parity = (g / kSlots) % 2;
     // One of K and V: wait for its slot to be free, then its D / 64 boxes onto the slot's full barrier.
     auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map) {
       sm90::mbarrier_wait(&empty[slot], parity ^ 1);
@@ -219,6 +227,15 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
   // issue, bench/results/2026-11-30-h200-cuda-split-tail.md). Rows past the queries' end arrive as zeros.
   const bool q_by_tma = kPlain && p.q_by_tma;
+  auto issue_q = [&] {  // (the block's current unit)
+    sm90::mbarrier_arrive_expect(q_full, static_cast<unsigned>(tile_bytes<D>(kBlockRows)));
+    const int first_query = static_cast<int>(c.row_block * kBlockRows / p.group);
+#pragma unroll
+    for (int b = 0; b < D / 64; ++b) {
+      sm90::tma_load_4d(qs + b * kBlockRows * 128, &maps.q, b * 64, static_cast<int>(c.kvh * p.group), first_query,
+                        static_cast<int>(c.b), q_full);
+    }
+  };
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
@@ -238,16 +255,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       }
     }
     if (q_by_tma) sm90::mbarrier_init(q_full, 1);
+    if (kPersistent) sm90::mbarrier_init(q_empty, consumer_threads / 32);
     sm90::fence_barrier_init();
-    if (q_by_tma) {
-      sm90::mbarrier_arrive_expect(q_full, static_cast<unsigned>(tile_bytes<D>(kBlockRows)));
-      const int first_query = static_cast<int>(first_row / p.group);
-#pragma unroll
-      for (int b = 0; b < D / 64; ++b) {
-        sm90::tma_load_4d(qs + b * kBlockRows * 128, &maps.q, b * 64, static_cast<int>(c.kvh * p.group), first_query,
-                          static_cast<int>(c.b), q_full);
-      }
-    }
+    if (q_by_tma) issue_q();
     if (early) issue_kv_tile(0, early_tile);
   }
   if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
@@ -299,6 +309,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       if (early && tiles == 0) {
         sm90::mbarrier_wait(&k_full[0], 0);
         sm90::mbarrier_wait(&v_full[0], 0);
+      }
+      if constexpr (kPersistent) {  // the later units: tile 0 as soon as its slots are free, then Q, then the rest
+        // (Every unit has the same key range: the host runs a persistent grid with keys and no split tail.)
+        for (int unit = 1, ring = tiles; (block += gridDim.x) < p.block_end; ++unit, ring += tiles) {
+          c = plain_block_coord(p, block);
+          issue_kv_tile(ring, first_tile);
+          sm90::mbarrier_wait(q_empty, (unit % 2) ^ 1);
+          issue_q();
+          for (int t = 1; t < tiles; ++t) issue_kv_tile(ring + t, first_tile + t * kTileKeys);
+        }
       }
     }
     return;
@@ -403,15 +423,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   std::uint32_t a[kTileKeys / 16][4];  // P of the previous tile, until its MMA is done
   const std::uint32_t q_addr = sm90::smem_u32(qs) + warpgroup * 64 * 128;
   const std::uint64_t ones_desc = sm90::interleave_desc(sm90::smem_u32(ones), 128, 128);
+  int ring = 0;  // the ring index of the unit's tile 0 (issue_kv_tile's g)
 
   // V of tile t ready for O += P V: its slot full and, in a partial tile, the rows of keys outside [lo, hi)
   // zeroed, so that keys no row sees (p = 0) cannot bring a NaN or inf of the buffer into the sum (0 x inf).
   // Done before a turn's MMAs: ptxas serialises MMAs around branches and register use between an MMA and its
   // wait, so a turn is straight-line code that touches no accumulator.
   auto prepare_v = [&](int t) {
-    const int slot = t % kSlots;
+    const int slot = (ring + t) % kSlots;
     const int t0 = first_tile + t * kTileKeys;
-    sm90::mbarrier_wait(&v_full[slot], (t / kSlots) % 2);
+    sm90::mbarrier_wait(&v_full[slot], ((ring + t) / kSlots) % 2);
     // (Plain: the keys past hi = k_len are the TMA's zeros already.)
     if (!kPlain && (t0 < lo || t0 + kTileKeys > hi)) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
@@ -436,9 +457,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const std::uint64_t v_desc = sm90::swizzle128_desc(sm90::smem_u32(vs), kTileKeys * 128, 1024);
   auto plus = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
   auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
-    const std::uint32_t k_addr = sm90::smem_u32(ks + (t % kSlots) * kTileBytes);
+    const std::uint32_t k_addr = sm90::smem_u32(ks + ((ring + t) % kSlots) * kTileBytes);
     if constexpr (kThree) {
-      const std::uint64_t slot_desc = plus(k_desc, (t % kSlots) * kTileBytes);
+      const std::uint64_t slot_desc = plus(k_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -464,8 +485,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // two halves keep each MMA's operand list at 64 registers).
   constexpr int kOutN = D > 128 ? 128 : D;
   auto issue_pv = [&](int t) {
-    const std::uint32_t v_addr = sm90::smem_u32(vs + (t % kSlots) * kTileBytes);
-    const std::uint64_t slot_desc = plus(v_desc, (t % kSlots) * kTileBytes);
+    const std::uint32_t v_addr = sm90::smem_u32(vs + ((ring + t) % kSlots) * kTileBytes);
+    const std::uint64_t slot_desc = plus(v_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
     for (int h = 0; h < D / kOutN; ++h) {
       auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
@@ -530,129 +551,154 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
   };
 
-  if constexpr (kThree) {
-    // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
-    // scores of 128 keys and P of the tile before do not fit 136 registers together, so the MMAs of a
-    // warpgroup do not overlap its softmax: the other two blocks' warpgroups fill the tensor cores meanwhile.
-    for (int t = 0; t < tiles; ++t) {
-      const int slot = t % kSlots;
-      float s[kTileKeys / 8][4];
+  for (int unit = 0;; ++unit) {  // (one unit of work unless kPersistent)
+    if constexpr (kThree) {
+      // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
+      // scores of 128 keys and P of the tile before do not fit 136 registers together, so the MMAs of a
+      // warpgroup do not overlap its softmax: the other two blocks' warpgroups fill the tensor cores meanwhile.
+      for (int t = 0; t < tiles; ++t) {
+        const int slot = (ring + t) % kSlots;
+        float s[kTileKeys / 8][4];
 #pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
-      sm90::fence();
-      issue_qk(t, s);
-      sm90::wait<0>();
-      sm90::pin(s);
-      release(&k_empty[slot]);
-      softmax_tile(t, s);
-      if (t == 0) {  // (the macro is empty outside phase builds)
+        for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        sm90::mbarrier_wait(&k_full[slot], ((ring + t) / kSlots) % 2);
+        sm90::fence();
+        issue_qk(t, s);
+        sm90::wait<0>();
+        sm90::pin(s);
+        release(&k_empty[slot]);
+        if (kPersistent && t + 1 == tiles) release(q_empty);  // the next unit's Q may land
+        softmax_tile(t, s);
+        if (t == 0) {  // (the macro is empty outside phase builds)
+          ATTNKIT_PHASE(5)
+        }
+        rescale();
+        pack_p(s);
+        prepare_v(t);
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        sm90::fence();
+        issue_pv(t);
+        sm90::wait<0>();
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        sm90::pin(a);
+        if (!kPersistent || t + 1 < tiles) release(&v_empty[slot]);  // (persistent: the last after the finish)
+      }
+      ATTNKIT_PHASE(6)
+    } else {
+      // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
+      // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
+      if (tiles > 0) {
+        float s[kTileKeys / 8][4];
+#pragma unroll
+        for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
+        sm90::mbarrier_wait(&k_full[0], 0);
+        if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+        sm90::fence();
+        issue_qk(0, s);
+        if (!solo && (warpgroup == 0 || tiles > 1)) {
+          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+        }
+        sm90::wait<0>();
+        sm90::pin(s);
+        release(&k_empty[0]);
+        softmax_tile(0, s);
+        pack_p(s);
         ATTNKIT_PHASE(5)
       }
-      rescale();
-      pack_p(s);
-      prepare_v(t);
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      sm90::fence();
-      issue_pv(t);
-      sm90::wait<0>();
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      sm90::pin(a);
-      release(&v_empty[slot]);
-    }
-    ATTNKIT_PHASE(6)
-  } else {
-    // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
-    // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
-    if (tiles > 0) {
-      float s[kTileKeys / 8][4];
+      for (int t = 1; t < tiles; ++t) {
+        // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
+        // and the other warpgroup's turn.
+        const int slot = t % kSlots;
+        rescale();
+        prepare_v(t - 1);
+        sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
+        float s[kTileKeys / 8][4];
 #pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
-      sm90::mbarrier_wait(&k_full[0], 0);
-      if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-      sm90::fence();
-      issue_qk(0, s);
-      if (!solo && (warpgroup == 0 || tiles > 1)) sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-      sm90::wait<0>();
-      sm90::pin(s);
-      release(&k_empty[0]);
-      softmax_tile(0, s);
-      pack_p(s);
-      ATTNKIT_PHASE(5)
-    }
-    for (int t = 1; t < tiles; ++t) {
-      // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
-      // and the other warpgroup's turn.
-      const int slot = t % kSlots;
-      rescale();
-      prepare_v(t - 1);
-      sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-      float s[kTileKeys / 8][4];
-#pragma unroll
-      for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      sm90::fence();
-      issue_qk(t, s);
-      issue_pv(t - 1);
-      if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
-        sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-      }
-      sm90::wait<1>();
-      sm90::pin(s);
-      release(&k_empty[slot]);
-      softmax_tile(t, s);
-      sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      sm90::pin(a);
-      release(&v_empty[(t - 1) % kSlots]);
-      pack_p(s);
-    }
-    ATTNKIT_PHASE(6)
-    if (tiles > 0) {
-      rescale();
-      prepare_v(tiles - 1);
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      sm90::fence();
-      issue_pv(tiles - 1);
-      sm90::wait<0>();
-      sm90::pin(o);
-      if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-      sm90::pin(a);
-    }
-  }
-  ATTNKIT_PHASE(7)
-  if constexpr (kSumsOnTensorCores) {
-    row_sum[0] += sums[0][0];
-    row_sum[1] += sums[0][2];
-  }
-  if constexpr (kPlain) {
-    if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
-      for (int half = 0; half < 2; ++half) {
-        if (r0 + half * 8 < rows) {
-          store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + D), half, o,
-                               row_max, row_sum, [](int) { return 1.0f; });
+        for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        sm90::fence();
+        issue_qk(t, s);
+        issue_pv(t - 1);
+        if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
+          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
         }
+        sm90::wait<1>();
+        sm90::pin(s);
+        release(&k_empty[slot]);
+        softmax_tile(t, s);
+        sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        sm90::pin(a);
+        release(&v_empty[(t - 1) % kSlots]);
+        pack_p(s);
+      }
+      ATTNKIT_PHASE(6)
+      if (tiles > 0) {
+        rescale();
+        prepare_v(tiles - 1);
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        sm90::fence();
+        issue_pv(tiles - 1);
+        sm90::wait<0>();
+        sm90::pin(o);
+        if constexpr (kSumsOnTensorCores) sm90::pin(sums);
+        sm90::pin(a);
+      }
+    }
+    ATTNKIT_PHASE(7)
+    if constexpr (kSumsOnTensorCores) {
+      row_sum[0] += sums[0][0];
+      row_sum[1] += sums[0][2];
+    }
+    if constexpr (kPlain) {
+      if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
+        for (int half = 0; half < 2; ++half) {
+          if (r0 + half * 8 < rows) {
+            store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + D), half, o,
+                                 row_max, row_sum, [](int) { return 1.0f; });
+          }
+        }
+      } else {
+        // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
+        // (the last P V above could not start before every warp of the warpgroup had waited for its last S).
+        // Persistent: in the last tile's V slot, its P V complete, so that the next unit's Q is already landing.
+        const int warp_row = (warp - 4) * 16;
+        std::uint8_t* const stage = kPersistent ? vs + (ring + tiles - 1) % kSlots * kTileBytes : qs;
+        finish_plain_rows<T, D, kBlockRows>(p, c, warp_row, rows, o, row_max, row_sum, [&](int r, int ch) {
+          return stage + swizzled_chunk(kPersistent ? kTileKeys : kBlockRows, warp_row + r, ch);
+        });
       }
     } else {
-      // Staged in the warp's own rows of the Q tile: its warpgroup's S MMAs, the only readers, are all complete
-      // (the last P V above could not start before every warp of the warpgroup had waited for its last S).
-      const int warp_row = (warp - 4) * 16;
-      finish_plain_rows<T, D, kBlockRows>(p, c, warp_row, rows, o, row_max, row_sum, [&](int r, int ch) {
-        return qs + swizzled_chunk(kBlockRows, warp_row + r, ch);
+      // V's scales act on the output columns (sum p (v * s) = s sum p v).
+      finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
+        return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
       });
     }
-  } else {
-    // V's scales act on the output columns (sum p (v * s) = s sum p v).
-    finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
-      return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
-    });
+    if constexpr (!kPersistent) {
+      break;
+    } else {
+      sm90::fence_proxy_async();  // the staging's generic accesses before the TMA's next copy into the slot
+      release(&v_empty[(ring + tiles - 1) % kSlots]);
+      if ((block += gridDim.x) >= p.block_end) break;
+      c = plain_block_coord(p, block);
+      first_row = c.row_block * kBlockRows;
+      rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
+      ring += tiles;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+      sums[0][0] = sums[0][1] = sums[0][2] = sums[0][3] = 0.0f;
+      row_max[0] = row_max[1] = core::kNegInf;
+      row_sum[0] = row_sum[1] = 0.0f;
+      alpha[0] = alpha[1] = 1.0f;
+      sm90::mbarrier_wait(q_full, (unit + 1) % 2);
+    }
   }
   ATTNKIT_PHASE(8)
   ATTNKIT_PHASES_PRINT("wgmma", 128)
@@ -670,7 +716,14 @@ void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_
   allow_max_dynamic_smem<kernel>();
   KernelParams params = p;
   params.q_by_tma = maps.q_by_tma != 0;  // (read from the parameters' first lines, which every block reads anyway)
-  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block_threads<T, D, S>(),
+  params.block_end = p.first_block + blocks;
+  // A persistent grid needs Q by TMA (its producer loads the next unit's) and the same key range in every unit.
+  std::int64_t grid = blocks;
+  if (kPlain && kThree && params.q_by_tma && p.persistent_places > 0 && p.tail_pieces <= 1 && !p.cluster_merge &&
+      p.k_len > 0) {
+    grid = std::min(blocks, p.persistent_places);
+  }
+  launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), block_threads<T, D, S>(),
                 smem_bytes_for<T, D, S, kThree>(), stream, overlap, params, maps);
 }
 

@@ -186,6 +186,9 @@ std::string describe(const CudaPlan& plan) {
   if (plan.cluster_merge) s += ", cluster merge";
   if (plan.plain) s += ", plain";
   if (plan.three_per_sm) s += ", 3 per SM";
+  if (plan.persistent_places > 0 && plan.blocks > plan.persistent_places) {
+    s += ", persistent grid of " + std::to_string(plan.persistent_places);
+  }
   if (plan.tail_pieces > 1) {
     s += ", tail of " + std::to_string((plan.blocks - plan.tail_block) / plan.tail_pieces) + " row blocks in " +
          std::to_string(plan.tail_pieces) + " x " + std::to_string(plan.tail_piece_keys) + " keys";
@@ -287,6 +290,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   if (params.cluster_merge) per_launch = (per_launch + plan.splits - 1) / plan.splits * plan.splits;
   const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
+  params.persistent_places = plan.kernel == CudaPlan::Kernel::Warpgroup ? plan.persistent_places : 0;
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
     params.first_block = first;
     params.inputs_ready = !(first == 0 && pdl);

@@ -45,9 +45,13 @@ struct CudaPlan {
   // cluster_merge.cuh) instead of by the merge pass. The scratch still holds the partials: a run whose
   // pointers send it to the SIMT kernel takes the merge pass.
   bool cluster_merge = false;
-  // The wgmma kernel at head dim 64 as three 64-row blocks per SM in 64-key tiles (instead of two in 128-key
-  // tiles): for plain-shaped problems whose grid is more than one round of two blocks per SM.
+  // The wgmma kernel at head dim 64 as three 64-row blocks per SM (instead of two), 128-key tiles one at a time:
+  // for problems whose rows see every key with the scale in the exponent (sees_keys_as_plain).
   bool three_per_sm = false;
+  // Its plain build's grid where there are more blocks than places (the SMs times the blocks each holds, this):
+  // a persistent grid of that many blocks, each running every persistent_places-th unit of work, so that a
+  // unit's Q and first K/V tiles load under the end of the block's previous one. 0: one block per unit.
+  std::int64_t persistent_places = 0;
 };
 
 CudaPlan plan(const AttentionProblem& problem);

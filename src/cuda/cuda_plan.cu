@@ -82,6 +82,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 //   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan;
 //   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan;
 //   ATTNKIT_CUDA_THREE=0 keeps the wgmma kernel at two blocks per SM (head dim 64; CudaPlan::three_per_sm);
+//   ATTNKIT_CUDA_PERSISTENT=0 runs one block per unit of work in its plain build too (no persistent grid), =n
+//   a persistent grid of n blocks wherever it has more (for tests: many units per block on small problems);
 //   ATTNKIT_CUDA_CLUSTER=0 merges every split by the merge pass (no cluster merge).
 
 // Whether the visibility rule hides no key of [0, k_len) from any row (a causal rule may hide nothing: a
@@ -286,6 +288,22 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
         plan.tail_piece_keys = piece_tiles * kWarpgroupTileKeys;
         plan.blocks = plan.tail_block + tail * pieces;
       }
+    }
+  }
+  // The persistent grid of three per SM's plain build: where its blocks' last round is whole or at least two
+  // thirds full. Then a block's next unit loads under the end of its current one: on the H200 768 units on 396
+  // places (bert_b8_s512) 21.4 -> 20.3 us, 1,152 20.8 -> 20.3, 1,536 41.5 -> 39.5. A persistent block's units are
+  // fixed by its index, while the hardware puts a new block wherever one ends: with fewer units left for the last
+  // round, the blocks with one more unit than the rest land unevenly on the SMs, and 576, 640 and 1,024 units
+  // (last rounds 45-62% full) ran 8-12% slower (bench/results/2026-12-01-h200-cuda-persistent.md).
+  const std::string persistent = env_value("ATTNKIT_CUDA_PERSISTENT");
+  const std::int64_t places = sms * device.warpgroup_three_resident;
+  const std::int64_t last_round = places > 0 ? plan.blocks % places : 0;
+  if (plan.three_per_sm && plan.plain && persistent != "0") {
+    if (!persistent.empty()) {
+      plan.persistent_places = std::max<std::int64_t>(std::atoll(persistent.c_str()), 1);
+    } else if (plan.blocks > places && (last_round == 0 || 3 * last_round >= 2 * places)) {
+      plan.persistent_places = places;
     }
   }
   plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)

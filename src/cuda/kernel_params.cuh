@@ -48,7 +48,10 @@ struct KernelParams {
   bool has_sink;
   bool q_by_tma;  // the wgmma kernel's plain build: Q by TMA (WarpgroupMaps::q_by_tma, copied here by its launch)
   MaskedRows masked_rows;
-  std::int64_t first_block;  // work-budget cut: this launch runs blocks [first_block, first_block + gridDim.x)
+  // Work-budget cut: this launch runs blocks [first_block, block_end). Each of its gridDim.x blocks runs block
+  // first_block + blockIdx.x and, in a persistent grid (the wgmma kernel's plain build of three per SM, fewer
+  // blocks than work), every gridDim.x-th after it.
+  std::int64_t first_block, block_end;
   // A split tail (CudaPlan::tail_pieces > 1; the wgmma kernel's plain build): whole blocks up to block
   // tail_block, then each later row block as tail_pieces blocks over key ranges of tail_piece_keys, which leave
   // their partials in `partial` (tail pieces only) for the merge pass (plain_block_coord).
@@ -98,6 +101,9 @@ struct KernelParams {
   // then for everything after).
   bool wait_first;
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
+  // (Host only.) The blocks an SM holds at once times the SMs, where the launch may run a persistent grid of that
+  // many blocks (CudaPlan::three_per_sm); 0: one block per unit of work.
+  std::int64_t persistent_places;
 };
 
 // A rotary pair (a, b) -> (a cos - b sin, b cos + a sin), each product rounded on its own (no FMA

@@ -205,6 +205,64 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   }
 }
 
+// The plain build of three blocks per SM (head dim 64) runs a persistent grid where it has more blocks than places
+// and a full enough last round (CudaPlan::persistent_places): each block runs several units of work, its K/V ring
+// and Q barrier carrying on
+// from one to the next. Against the reference (O, the LSE, the gaps untouched), and the same bytes as one block
+// per unit (ATTNKIT_CUDA_PERSISTENT=0), as a grid of 7 blocks and as the call cut into launches of 450 blocks,
+// each persistent again.
+// Shapes (on 396 places): 768 units of 3 tiles (the last partial); group 8 with padded last row blocks, 1,120
+// units (two or three per block); 5 tiles per unit, so that consecutive units start on different slots of the
+// ring.
+TEST(CudaAttention, PersistentGridGivesOneBlockPerUnitsBits) {
+  SKIP_WITHOUT_GPU();
+  int device = 0;
+  check(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device));
+  const bool hopper = prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr;
+  struct Shape { std::int64_t batch, heads, kv, q, k; LayoutKind layout; };
+  for (const Shape s : {Shape{8, 12, 12, 512, 300, LayoutKind::HeadFirst},
+                        Shape{4, 32, 4, 555, 257, LayoutKind::PositionsFirst},
+                        Shape{3, 16, 16, 1000, 640, LayoutKind::HeadFirst}}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "persistent";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = s.q; spec.k_len = s.k;
+      spec.head_dim = 64; spec.layout = s.layout; spec.lse = true;
+      SCOPED_TRACE(std::to_string(s.q) + " x " + std::to_string(s.k) + " " + std::string(dtype_name(t)));
+      CaseData data(spec, t, 43);
+      const auto ref = data.reference();
+      DeviceMirror dev(data);
+      Attention op(data.problem(), cuda_config());
+      const std::string kernel = op.describe();
+      if (hopper) EXPECT_NE(kernel.find("persistent grid"), std::string::npos) << kernel;
+      dev.run(op);
+      EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+      EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+      EXPECT_TRUE(data.gaps_untouched());
+      const auto first = data.output_bytes();
+      setenv("ATTNKIT_CUDA_PERSISTENT", "0", 1);
+      Attention one_per_unit(data.problem(), cuda_config());
+      unsetenv("ATTNKIT_CUDA_PERSISTENT");
+      EXPECT_EQ(one_per_unit.describe().find("persistent"), std::string::npos) << one_per_unit.describe();
+      dev.run(one_per_unit);
+      EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << one_per_unit.describe();
+      setenv("ATTNKIT_CUDA_PERSISTENT", "7", 1);  // a grid of 7 blocks: over a hundred units each
+      Attention seven(data.problem(), cuda_config());
+      unsetenv("ATTNKIT_CUDA_PERSISTENT");
+      if (hopper) EXPECT_NE(seven.describe().find("persistent grid of 7"), std::string::npos) << seven.describe();
+      dev.run(seven);
+      EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << seven.describe();
+      AttentionProblem cut_problem = data.problem();
+      cut_problem.work_budget = 450 * 4 * 64 * s.k * 64;  // launches of 450 blocks (block_cost in the backend)
+      Attention cut(cut_problem, cuda_config());
+      dev.run(cut);
+      EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+    }
+  }
+}
+
 // A plain grid just past whole waves of the wgmma kernel (head dim 128, one 128-row block per SM; the SM count plus
 // two heads of 100 queries) splits its tail row blocks in key ranges merged after (CudaPlan::tail_pieces): against
 // the reference (O and the LSE, the gaps untouched), the same bytes in a second run and cut into one-block

@@ -51,7 +51,7 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 96);
@@ -75,7 +75,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 768 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
+            "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM, persistent grid of 396");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -171,7 +171,7 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
 TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).three_per_sm) << "192 blocks: one round";
   EXPECT_TRUE(plan_of(shape(1, 12, 12, 512, 512, 64, false)).three_per_sm) << "96 blocks";
   const CudaPlan long_keys = plan_of(shape(4, 32, 32, 4096, 4096, 64, false));
@@ -193,10 +193,25 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   unsetenv("ATTNKIT_CUDA_PLAIN");
   EXPECT_TRUE(general.three_per_sm);
   EXPECT_FALSE(general.plain);
+  // The plain build runs a persistent grid of the places where its last round is whole or two thirds full; one
+  // round, a last round less full, the general build and ATTNKIT_CUDA_PERSISTENT=0 run one block per unit.
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).persistent_places, 396) << "768 blocks";
+  EXPECT_EQ(plan_of(shape(12, 16, 16, 512, 512, 64, false)).persistent_places, 396) << "1,536 blocks";
+  EXPECT_EQ(plan_of(shape(9, 11, 11, 512, 512, 64, false)).persistent_places, 396) << "792 blocks: two rounds";
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).persistent_places, 0) << "288 blocks: one round";
+  EXPECT_EQ(plan_of(shape(6, 12, 12, 512, 512, 64, false)).persistent_places, 0) << "576 blocks: 180 last";
+  EXPECT_EQ(plan_of(shape(10, 16, 16, 512, 512, 64, false)).persistent_places, 0) << "1,280 blocks: 92 last";
+  EXPECT_EQ(general.persistent_places, 0);
+  EXPECT_EQ(long_keys.persistent_places, 0);
+  setenv("ATTNKIT_CUDA_PERSISTENT", "0", 1);
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).persistent_places, 0);
+  setenv("ATTNKIT_CUDA_PERSISTENT", "5", 1);  // (tests: a grid of 5 wherever the plain build of three runs)
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).persistent_places, 5);
+  unsetenv("ATTNKIT_CUDA_PERSISTENT");
   setenv("ATTNKIT_CUDA_THREE", "0", 1);
   const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false));
   unsetenv("ATTNKIT_CUDA_THREE");
-  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76168 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain");
 }
 
 // A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder at head
@@ -204,14 +219,14 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
 // range, a grid of one wave, three blocks per SM, the general build and ATTNKIT_CUDA_TAIL=0 do not.
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167304 B shared, 132 SMs, plain, "
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167312 B shared, 132 SMs, plain, "
                                      "tail of 12 row blocks in 6 x 256 keys");
   EXPECT_EQ(whisper.tail_block, 132);
   EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 128) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
   // Three per SM (400 row blocks on 396 places) keeps its tail whole.
   const CudaPlan three = plan_of(shape(1, 200, 200, 100, 600, 64, false));
-  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 400 blocks of 64 rows, 76168 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 400 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
   EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 372";
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
