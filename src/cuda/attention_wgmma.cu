@@ -95,14 +95,15 @@ constexpr int raw_slots() {
   return std::is_same_v<S, Int4Tag> ? 2 * kSlots : kSlots;
 }
 
-// Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers (the ring's, Q's full
-// and empty), the row tables, and
+// Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers (the ring's, Q's),
+// the row tables, Q's empty barrier (a persistent grid), and
 // 1024 bytes to align the tiles on the swizzle pattern.
 template <class T, int D, class S, bool kThree = false>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, D, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
                       (4 * kSlots + 2) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
+  static_assert((4 * rows + kBlockKeyInts) % 2 == 0, "Q's empty barrier after the tables, on 8 bytes");
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
              4 * raw_slots<S>() * sizeof(std::uint64_t);
@@ -114,7 +115,9 @@ constexpr std::size_t smem_bytes_for() {
 // rotary or split compiled in. A one-tile block runs every instruction of its path once, fetched cold, and the
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
 // 2026-11-30-h200-short-prologue.md).
-template <class T, int D, class S, bool kPlain, bool kThree>
+// kPersistent: the plain build of three per SM as a persistent grid (below); its own build, so that a grid of one
+// block per unit runs the code without the units' loop.
+template <class T, int D, class S, bool kPlain, bool kThree, bool kPersistent = false>
 __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, S, kThree>())
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -145,8 +148,10 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   std::uint64_t* const raw_k_empty = raw_v_full + kRawSlots;
   std::uint64_t* const raw_v_empty = raw_k_empty + kRawSlots;
   std::uint64_t* const q_full = bars + 4 * kSlots + (kQuantized ? 4 * kRawSlots : 0);  // Q by TMA (p.q_by_tma)
-  std::uint64_t* const q_empty = q_full + 1;  // (a persistent grid) the consumers' S MMAs are done with Q
-  int* const tables_mem = reinterpret_cast<int*>(q_full + 2);
+  int* const tables_mem = reinterpret_cast<int*>(q_full + 1);
+  // (A persistent grid) the consumers' S MMAs are done with Q: after the tables, so that the other builds'
+  // layout is the one they had before it.
+  auto* const q_empty = reinterpret_cast<std::uint64_t*>(tables_mem + 4 * kBlockRows + kBlockKeyInts);
   const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
                          tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
 
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // unit of work and every gridDim.x-th after it. Its K/V ring carries on from one unit to the next, so the next
   // unit's first tiles load under this one's last; its Q loads once this one's last S is done (the output is
   // staged in the last V slot, not in the Q tile). Otherwise the loops below run once.
-  constexpr bool kPersistent = kPlain && kThree;
+  static_assert(!kPersistent || (kPlain && kThree), "a persistent grid: the plain build of three per SM only");
   std::int64_t block = p.first_block + blockIdx.x;
   BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
   // (Launched to overlap an unknown kernel: it may write anything read below; only its launch latency and this
@@ -709,20 +714,15 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 #endif
 }
 
-template <class T, int D, class S, bool kPlain = false, bool kThree = false>
+template <class T, int D, class S, bool kPlain = false, bool kThree = false, bool kPersistent = false>
 void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
                    bool overlap) {
-  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree>;
+  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree, kPersistent>;
   allow_max_dynamic_smem<kernel>();
   KernelParams params = p;
   params.q_by_tma = maps.q_by_tma != 0;  // (read from the parameters' first lines, which every block reads anyway)
   params.block_end = p.first_block + blocks;
-  // A persistent grid needs Q by TMA (its producer loads the next unit's) and the same key range in every unit.
-  std::int64_t grid = blocks;
-  if (kPlain && kThree && params.q_by_tma && p.persistent_places > 0 && p.tail_pieces <= 1 && !p.cluster_merge &&
-      p.k_len > 0) {
-    grid = std::min(blocks, p.persistent_places);
-  }
+  const std::int64_t grid = kPersistent ? std::min(blocks, p.persistent_places) : blocks;
   launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), block_threads<T, D, S>(),
                 smem_bytes_for<T, D, S, kThree>(), stream, overlap, params, maps);
 }
@@ -737,7 +737,13 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
     if constexpr (D == 64) {
       if (p.three_per_sm && sees_keys_as_plain(p)) {
-        if (runs_plain(p)) return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);
+        // A persistent grid needs Q by TMA (its producer loads the next unit's) and one key range for every unit.
+        const bool persistent = maps.q_by_tma != 0 && blocks > p.persistent_places && p.persistent_places > 0 &&
+                                p.tail_pieces <= 1 && !p.cluster_merge && p.k_len > 0;
+        if (runs_plain(p)) {
+          if (persistent) return launch_stored<T, D, T, true, true, true>(p, maps, blocks, stream, overlap);
+          return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);
+        }
         return launch_stored<T, D, T, false, true>(p, maps, blocks, stream, overlap);
       }
     }
