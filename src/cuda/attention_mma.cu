@@ -187,11 +187,7 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
 #pragma unroll
           for (int g = 0; g < kValuesPerChunk / 8; ++g) {  // 8 values -> one 16-byte chunk of the tile
             std::uint32_t h[4];
-            if constexpr (std::is_same_v<S, Int4Tag>) {
-              int4x8_to_pairs<T>(words[g], h);
-            } else {
-              int8x8_to_pairs<T>(words[2 * g], words[2 * g + 1], h);
-            }
+            stored_chunk_pairs<T, S>(words, g, h);
             const uint4 out = valid ? uint4{h[0], h[1], h[2], h[3]} : uint4{0u, 0u, 0u, 0u};
             *reinterpret_cast<uint4*>(tile + swizzled<D>(j, col + g * 8)) = out;
           }

@@ -337,33 +337,14 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     // A quantized cache: warpgroup 1 turns each raw tile into an element-type tile of the stored integers in
     // the K / V slot (rows past k_len arrive as zeros from the TMA), then frees the raw slot and fills the other.
     if constexpr (kQuantized) {
-      const int ct = tid - 256;
-      auto convert = [&](const std::uint8_t* raw, std::uint8_t* tile) {
-        constexpr int kUnitsPerRow = kRawRow / 16;  // 16-byte units of a stored row
-        constexpr int kValuesPerUnit = std::is_same_v<S, Int4Tag> ? 32 : 16;
-        for (int i = ct; i < kTileKeys * kUnitsPerRow; i += 128) {
-          const int j = i / kUnitsPerRow;
-          const int chunk0 = (i % kUnitsPerRow) * (kValuesPerUnit / 8);
-          const uint4 w = *reinterpret_cast<const uint4*>(raw + i * 16);
-          const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int g = 0; g < kValuesPerUnit / 8; ++g) {  // 8 values -> one 16-byte chunk of the tile
-            std::uint32_t h[4];
-            if constexpr (std::is_same_v<S, Int4Tag>) {
-              int4x8_to_pairs<T>(words[g], h);
-            } else {
-              int8x8_to_pairs<T>(words[2 * g], words[2 * g + 1], h);
-            }
-            *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, chunk0 + g)) = uint4{h[0], h[1], h[2], h[3]};
-          }
-        }
-      };
+      const int ct = tid - 256;  // (its thread 0-127)
       auto pass = [&](std::uint64_t* raw_full, std::uint64_t* raw_empty, std::uint64_t* full, std::uint64_t* empty,
                       const std::uint8_t* raw, std::uint8_t* slots, int t) {
         const int slot = t % kSlots, raw_slot = t % kRawSlots;
         sm90::mbarrier_wait(&raw_full[raw_slot], (t / kRawSlots) % 2);
         sm90::mbarrier_wait(&empty[slot], ((t / kSlots) % 2) ^ 1);
-        convert(raw + raw_slot * kRawTileBytes, slots + slot * kTileBytes);
+        std::uint8_t* const tile = slots + slot * kTileBytes;
+        stored_tile_to_swizzled<T, S, kTileKeys, kRawRow>(raw + raw_slot * kRawTileBytes, tile, ct);
         sm90::fence_proxy_async();  // the tile's generic stores, seen by the consumers' wgmma
         __syncwarp();
         if (lane == 0) {

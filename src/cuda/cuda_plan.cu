@@ -291,11 +291,12 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     }
   }
   // The persistent grid of three per SM's plain build: where its blocks' last round is whole or at least two
-  // thirds full. Then a block's next unit loads under the end of its current one: on the H200 768 units on 396
-  // places (bert_b8_s512) 21.4 -> 20.3 us, 1,152 20.8 -> 20.3, 1,536 41.5 -> 39.5. A persistent block's units are
-  // fixed by its index, while the hardware puts a new block wherever one ends: with fewer units left for the last
-  // round, the blocks with one more unit than the rest land unevenly on the SMs, and 576, 640 and 1,024 units
-  // (last rounds 45-62% full) ran 8-12% slower (bench/results/2026-12-01-h200-cuda-persistent.md).
+  // thirds full. Then a block's next unit loads under the end of its current one: on the H200, against one block
+  // per unit, 768 units on 396 places (bert_b8_s512) 21.4 -> 20.3 us, 1,152 31.9 -> 30.0, 1,536 41.5 -> 39.5. A
+  // persistent block's units are fixed by its index, while the hardware puts a new block wherever one ends: with
+  // fewer units left for the last round, the blocks with one more unit than the rest land unevenly on the SMs, and
+  // 576, 640 and 1,024 units (last rounds 45-62% full) ran 8-12% slower
+  // (bench/results/2026-12-01-h200-cuda-persistent.md).
   const std::string persistent = env_value("ATTNKIT_CUDA_PERSISTENT");
   const std::int64_t places = sms * device.warpgroup_three_resident;
   const std::int64_t last_round = places > 0 ? plan.blocks % places : 0;

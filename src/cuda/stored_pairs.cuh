@@ -5,6 +5,7 @@
 
 #include "fragment_softmax.cuh"
 #include "kernel_params.cuh"
+#include "query_tile.cuh"
 
 #include <cstdint>
 #include <type_traits>
@@ -107,6 +108,37 @@ __device__ __forceinline__ void int4x8_to_pairs_k_k4(std::uint32_t w, std::uint3
       const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
       const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&word), bias);  // 128 + 8
       out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+  }
+}
+
+// Chunk g (8 values) of a 16-byte unit of stored integers (`words`: 16 int8 or 32 int4 values) as four pairs.
+template <class T, class S>
+__device__ __forceinline__ void stored_chunk_pairs(const std::uint32_t (&words)[4], int g, std::uint32_t (&h)[4]) {
+  if constexpr (std::is_same_v<S, Int4Tag>) {
+    int4x8_to_pairs<T>(words[g], h);
+  } else {
+    int8x8_to_pairs<T>(words[2 * g], words[2 * g + 1], h);
+  }
+}
+
+// A stored tile (kTileKeys rows of kRawRow bytes, int8 or int4) as the element-type tile of its integers in wgmma's
+// 128-byte-swizzle layout (swizzled_chunk), by the 128 threads of a warpgroup (`thread` 0-127): one 16-byte unit
+// of a stored row, 16 or 32 values, per thread and step (attention_wgmma.cu's converting warpgroup).
+template <class T, class S, int kTileKeys, int kRawRow>
+__device__ __forceinline__ void stored_tile_to_swizzled(const std::uint8_t* raw, std::uint8_t* tile, int thread) {
+  constexpr int kUnitsPerRow = kRawRow / 16;  // 16-byte units of a stored row
+  constexpr int kValuesPerUnit = std::is_same_v<S, Int4Tag> ? 32 : 16;
+  for (int i = thread; i < kTileKeys * kUnitsPerRow; i += 128) {
+    const int j = i / kUnitsPerRow;
+    const int chunk0 = (i % kUnitsPerRow) * (kValuesPerUnit / 8);
+    const uint4 w = *reinterpret_cast<const uint4*>(raw + i * 16);
+    const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int g = 0; g < kValuesPerUnit / 8; ++g) {  // 8 values -> one 16-byte chunk of the tile
+      std::uint32_t h[4];
+      stored_chunk_pairs<T, S>(words, g, h);
+      *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, chunk0 + g)) = uint4{h[0], h[1], h[2], h[3]};
     }
   }
 }
