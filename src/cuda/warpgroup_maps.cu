@@ -58,8 +58,13 @@ bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, c
     }
   }
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  // No L2 promotion: a box's rows are whole 128-byte lines already (64 columns of a 128-byte swizzle, or whole
+  // stored rows), and promoting each miss to 256 bytes fetched the line the other 64-column box asks for next:
+  // its request then waited on or hit that fill instead of streaming, and the L2 ran at 87% of its peak for
+  // DRAM's 79%. A decode step at batch 8 x 32k keys took 272 -> 251 us without it (4.28 TB/s; the kernel with
+  // no softmax or MMA, only the stream: 264 -> 243 us; bench/results/2026-12-01-h200-cuda-l2-promotion.md).
   const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;
   entries[next] = key;
   entries[next].map = map;
