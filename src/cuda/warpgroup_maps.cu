@@ -30,14 +30,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // (no driver resource), so the same arguments give the same map; a decode loop asks for the same ones every
 // step, and the encode is host time the GPU may wait for (profile_gqa: a GQA decode step's host time).
 bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, const cuuint64_t (&dims)[4],
-                   const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle) {
+                   const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle,
+                   CUtensorMapL2promotion promotion) {
   const auto fn = encode_tiled();
   if (fn == nullptr) return false;
   struct Entry {
     std::uintptr_t start;
     cuuint64_t dims[4], strides[3];
     cuuint32_t box[4];
-    int element, swizzle;
+    int element, swizzle, promotion;
     CUtensorMap map;
   };
   constexpr int kEntries = 8;
@@ -45,9 +46,10 @@ bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, c
   thread_local int used = 0, next = 0;
   const Entry key{reinterpret_cast<std::uintptr_t>(start), {dims[0], dims[1], dims[2], dims[3]},
                   {strides[0], strides[1], strides[2]}, {box[0], box[1], box[2], box[3]},
-                  static_cast<int>(element), static_cast<int>(swizzle), {}};
+                  static_cast<int>(element), static_cast<int>(swizzle), static_cast<int>(promotion), {}};
   const auto same = [&](const Entry& e) {
     return e.start == key.start && e.element == key.element && e.swizzle == key.swizzle &&
+           e.promotion == key.promotion &&
            std::equal(e.box, e.box + 4, key.box) && std::equal(e.dims, e.dims + 4, key.dims) &&
            std::equal(e.strides, e.strides + 3, key.strides);
   };
@@ -58,13 +60,8 @@ bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, c
     }
   }
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  // No L2 promotion: a box's rows are whole 128-byte lines already (64 columns of a 128-byte swizzle, or whole
-  // stored rows), and promoting each miss to 256 bytes fetched the line the other 64-column box asks for next:
-  // its request then waited on or hit that fill instead of streaming, and the L2 ran at 87% of its peak for
-  // DRAM's 79%. A decode step at batch 8 x 32k keys took 272 -> 251 us without it (4.28 TB/s; the kernel with
-  // no softmax or MMA, only the stream: 264 -> 243 us; bench/results/2026-12-01-h200-cuda-l2-promotion.md).
   const CUresult r = fn(&map, element, 4, start, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;
   entries[next] = key;
   entries[next].map = map;
@@ -101,8 +98,17 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                       : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // L2 promotion (a miss fetches 256 bytes) only where other row blocks read the same K/V tiles again. Where one
+  // row block holds every query row of a K/V head (decode steps), each tile is read once, the box's rows are whole
+  // 128-byte lines already, and promoting each miss fetched the line the other 64-column box asks for next: its
+  // request then waited on that fill instead of streaming, and the L2 ran at 87% of its peak for DRAM's 79%.
+  // Without it a decode step at batch 8 x 32k keys took 272 -> 251 us (4.28 TB/s; the stream alone, no softmax
+  // or MMA: 264 -> 243 us), while the prefill cases ran 2-3% slower without it
+  // (bench/results/2026-12-01-h200-cuda-l2-promotion.md).
+  const bool read_once = p.group_rows <= warpgroup_rows(p.head_dim, type);
   return encode_cached(map, element, start, dims, strides, box,
-                       quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+                       quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                       read_once ? CU_TENSOR_MAP_L2_PROMOTION_NONE : CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 // The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's rows (64 or 128)
@@ -124,7 +130,7 @@ bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(p.q) + l.offset * 2);
   return encode_cached(map,
                        dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                       start, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+                       start, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 }  // namespace
