@@ -141,8 +141,9 @@ def main():
             call = lambda: attnkit.attention(q, k, v, causal=causal, out=o)
             # attnkit twice: as it runs (a plain call's kernel starts under the tail of the kernel before it,
             # here our own previous call in the graph), and with ordinary launches like the peers'
-            # (ATTNKIT_CUDA_CALL_PDL=0, read at every call, so also while the graph is captured).
-            variants = [("attnkit", call), ("attnkit_ordinary", ordinary_launches(call))]
+            # (the plan override off=call-pdl).
+            ordinary = lambda: attnkit.attention(q, k, v, causal=causal, out=o, plan="off=call-pdl")
+            variants = [("attnkit", call), ("attnkit_ordinary", ordinary)]
             if not big:
                 variants.append(("unfused", lambda: unfused(q, k, v, causal)))
             variants += [(p, peer(p, q, k, v, causal)) for p in PEERS]
@@ -165,21 +166,6 @@ def main():
             torch.cuda.empty_cache()
     write_outputs(rows, header, args)
     print_table(rows)
-
-
-def ordinary_launches(fn):
-    """fn with ATTNKIT_CUDA_CALL_PDL=0 set while it runs (and so while do_bench_cudagraph captures it)."""
-    def run():
-        before = os.environ.get("ATTNKIT_CUDA_CALL_PDL")
-        os.environ["ATTNKIT_CUDA_CALL_PDL"] = "0"
-        try:
-            return fn()
-        finally:
-            if before is None:
-                del os.environ["ATTNKIT_CUDA_CALL_PDL"]
-            else:
-                os.environ["ATTNKIT_CUDA_CALL_PDL"] = before
-    return run
 
 
 def git_commit():

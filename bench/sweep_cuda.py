@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Which CUDA kernel and key split is fastest per shape: attnkit's plan against every kernel it could take
-(ATTNKIT_CUDA_KERNEL) and, for few-row shapes (decode), every split count (ATTNKIT_CUDA_SPLITS), with PyTorch's
+(plan override kernel=) and, for few-row shapes (decode), every split count (splits=), with PyTorch's
 flash and cuDNN backends beside them, in one process. A tuning tool for the plan's heuristics (cuda_backend.cu),
 not the benchmark of record (bench_cuda.py is).
 
 Every setting is checked against a float64 reference (scaled error) before it is timed (CUDA-graph replay,
 median). Prints one line per (case, setting) and, per case, the fastest setting and the plan's own.
 
---ab VAR=value[,VAR=value...] times the plan with and without each switch instead (an A/B of the backend's
-switches, e.g. ATTNKIT_CUDA_MERGE_PDL=0, in one process).
+--ab OVERRIDES[;OVERRIDES...] times the plan with and without each set of plan overrides instead (an A/B of the
+plan's features, e.g. "off=merge-pdl", in one process).
 
 Run (on a GPU machine, with attnkit built with CUDA on PYTHONPATH):
-  python3 bench/sweep_cuda.py [--cases a,b] [--rep 10] [--out FILE.csv] [--ab VAR=value,...]
+  python3 bench/sweep_cuda.py [--cases a,b] [--rep 10] [--out FILE.csv] [--ab "off=plain;off=cluster"]
 """
 import argparse
 import csv
@@ -35,15 +35,15 @@ DEFAULT_CASES = ["llama8b_decode_b64_k4k_gqa", "llama8b_decode_b8_k32k_gqa", "wh
 
 
 def settings(sq, group, ab=None):
-    """(label, environment) pairs to try: the plan, each kernel, and for few rows each split of each kernel; with
-    `ab`, the plan and the plan under each of those switches."""
-    out = [("plan", {})]
+    """(label, plan overrides) pairs to try: the plan, each kernel, and for few rows each split of each kernel;
+    with `ab`, the plan and the plan under each of those override sets."""
+    out = [("plan", "")]
     if ab:
-        return out + [(f"plan {k}={v}", {k: v}) for k, v in ab]
+        return out + [(f"plan {o}", o) for o in ab]
     for kern in KERNELS:
-        out.append((kern, {"ATTNKIT_CUDA_KERNEL": kern}))
+        out.append((kern, f"kernel={kern}"))
         splits = SPLITS if sq * group <= 16 else ([1, 2, 4] if kern != "decode" else [])
-        out += [(f"{kern} x{s}", {"ATTNKIT_CUDA_KERNEL": kern, "ATTNKIT_CUDA_SPLITS": str(s)}) for s in splits]
+        out += [(f"{kern} x{s}", f"kernel={kern},splits={s}") for s in splits]
     return out
 
 
@@ -53,13 +53,11 @@ def main():
     ap.add_argument("--rep", type=int, default=10, help="timing window per setting, ms")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--out", help="CSV of every timing")
-    ap.add_argument("--ab", help="VAR=value,...: the plan with and without each switch (no kernel or split sweep)")
+    ap.add_argument("--ab", help="OVERRIDES;...: the plan with and without each override set (no kernel or split sweep)")
     args = ap.parse_args()
     ab = None
     if args.ab:
-        ab = [tuple(kv.split("=", 1)) for kv in args.ab.split(",")]
-        if any(len(kv) != 2 or not kv[0] for kv in ab):
-            ap.error(f"--ab {args.ab!r}: expected VAR=value[,VAR=value...]")
+        ab = [o for o in args.ab.split(";") if o]
     dt = getattr(torch, args.dtype)
     table = {c[0]: c for c in SEED + LLM}
     rows = []
@@ -79,11 +77,9 @@ def main():
                 times[pname] = 1000.0 * tt.do_bench_cudagraph(fn, rep=args.rep, return_mode="median")
             except Exception:  # noqa: BLE001 -- a peer that refuses the shape
                 times[pname] = math.nan
-        for label, env in settings(sq, hq // hkv, ab):
-            saved = {key: os.environ.get(key) for key in ("ATTNKIT_CUDA_KERNEL", "ATTNKIT_CUDA_SPLITS", *env)}
-            os.environ.update(env)
+        for label, plan in settings(sq, hq // hkv, ab):
             try:
-                fn = lambda: attnkit.attention(q, k, v, causal=causal, out=o)  # noqa: E731
+                fn = lambda: attnkit.attention(q, k, v, causal=causal, out=o, plan=plan)  # noqa: E731
                 o.fill_(float("nan"))
                 fn()
                 torch.cuda.synchronize()
@@ -92,12 +88,6 @@ def main():
             except Exception as e:  # noqa: BLE001 -- reported
                 err, us = math.nan, math.nan
                 label += f" ({type(e).__name__})"
-            finally:
-                for key, val in saved.items():
-                    if val is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = val
             times[label] = us
             rows.append(dict(case=name, setting=label, us=us, err=err))
             print(f"{name:28s} {label:18s} {us:9.2f} us  err {err:.1e}", flush=True)

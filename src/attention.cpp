@@ -72,6 +72,7 @@ struct Attention::Impl {
   Backend backend = Backend::Cpu;
   cpu::TiledPlan plan;
   cuda::CudaPlan cuda_plan;
+  PlanOverrides overrides;
   std::vector<std::byte> own_scratch;  // CPU: kept between runs when the caller passes no scratch
   void* own_device_scratch = nullptr;  // CUDA: likewise, in device memory
   std::size_t own_device_bytes = 0;
@@ -82,7 +83,7 @@ struct Attention::Impl {
 
 namespace {
 // Every buffer of a call, by argument name (for the checks of where they live).
-std::array<std::pair<const char*, const void*>, 12> named_buffers(const AttentionArgs& a) {
+std::array<std::pair<const char*, const void*>, 13> named_buffers(const AttentionArgs& a) {
   return {{{"q", a.q.data},
            {"k", a.k.data},
            {"v", a.v.data},
@@ -94,6 +95,7 @@ std::array<std::pair<const char*, const void*>, 12> named_buffers(const Attentio
            {"k_scale", a.k_scale.data},
            {"v_scale", a.v_scale.data},
            {"lse", a.lse.data},
+           {"status", a.status.data},
            {"scratch", a.scratch}}};
 }
 
@@ -113,11 +115,21 @@ void require_device_pointers(const AttentionArgs& a) {
     }
   }
 }
+// The names of a PlanOverrides set in C++ (not parsed from text): the parse of its text form checks them.
+void check_plan_overrides(const PlanOverrides& o) {
+  try {
+    (void)parse_plan_overrides(o.to_string());
+  } catch (const Error& e) {
+    throw Error("config.plan", std::string(e.what()).substr(e.argument().size() + 2));
+  }
+}
 }  // namespace
 
 Attention::Attention(const AttentionProblem& problem, const AttentionConfig& config) : impl_(std::make_unique<Impl>()) {
   impl_->problem = core::normalize_and_check(problem);
   if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  check_plan_overrides(config.plan);
+  impl_->overrides = config.plan;
   switch (config.backend) {
     case Backend::Auto:
     case Backend::Cpu: impl_->backend = Backend::Cpu; break;
@@ -128,7 +140,7 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
     impl_->plan = cpu::plan_tiled(impl_->problem, threads);
   } else if (impl_->backend == Backend::Cuda) {
-    impl_->cuda_plan = cuda::plan(impl_->problem);
+    impl_->cuda_plan = cuda::plan(impl_->problem, config.plan);
   }
 }
 
@@ -155,8 +167,16 @@ std::size_t Attention::scratch_bytes() const {
   }
 }
 
+// The status word, where given: one int32 (AttentionArgs::status).
+static void check_status_buffer(const AttentionArgs& a) {
+  if (a.status.data != nullptr && a.status.elements < 1) {
+    throw Error("status", "holds " + std::to_string(a.status.elements) + " elements; it needs 1 (int32)");
+  }
+}
+
 void Attention::run(const AttentionArgs& args) {
   const AttentionProblem& p = impl_->problem;
+  check_status_buffer(args);
   if (impl_->backend == Backend::Cuda) {
     require_device_pointers(args);
     core::check_args(p, args, scratch_bytes(), /*host_key_lengths=*/false);
@@ -175,6 +195,7 @@ void Attention::run(const AttentionArgs& args) {
   }
   reject_device_pointers(args);
   core::check_args(p, args, scratch_bytes());
+  if (args.status.data != nullptr) *static_cast<std::int32_t*>(args.status.data) = -1;  // (lengths checked above)
   if (impl_->backend == Backend::Reference) {
     cpu::run_reference(p, args);
     return;

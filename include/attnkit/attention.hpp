@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attnkit {
@@ -114,6 +115,11 @@ struct AttentionArgs {
   ConstBuffer head_sink;   // float32[heads], when problem.has_head_sink
   ConstBuffer causal_offsets;  // int32[batch], when problem.has_causal_offsets
   MutableBuffer lse;       // float32, when problem.return_lse
+  // Optional int32[1]: the first batch entry whose key length is outside [0, k_len], or -1 (in the memory of the
+  // backend: device memory on CUDA). On CUDA the lengths live on the device and run() never reads them back
+  // (no host synchronisation: the call captures in a CUDA graph); such an entry sees no key (its rows are masked
+  // rows) and is reported here. On the CPU, bad lengths are an Error before anything is written, and this is -1.
+  MutableBuffer status;
   // Scratch of at least scratch_bytes(); null lets the op keep its own (allocated once, kept).
   void* scratch = nullptr;
   std::size_t scratch_bytes = 0;
@@ -131,9 +137,34 @@ std::string backend_name(Backend b);
 // Backends this build can run now (Reference and Cpu always; Cuda when built and a device is present).
 std::vector<Backend> available_backends();
 
+// Parts of the plan that a test or benchmark forces, to compare kernels, key splits or features on one problem in
+// one process. The plan never needs them: it chooses from the problem and the device alone, and every forced
+// variant computes the contract's result. The CUDA backend reads them (no environment variable steers it); the
+// other backends check the names and otherwise ignore them. Text form, for the CLI and Python
+// (parse_plan_overrides): "kernel=mma,splits=4,off=plain+cluster,persistent=7,heavy_group=5".
+struct PlanOverrides {
+  // A kernel of plan_kernel_names(): it runs the problem wherever it accepts it (else the plan's own choice runs;
+  // describe() names the kernel that does). "": the plan's choice.
+  std::string kernel;
+  std::int64_t splits = 0;  // key ranges of every problem the kernel may split (0: the plan's choice)
+  std::vector<std::string> off;  // plan features left out (plan_feature_names(): "plain", "cluster", ...)
+  std::int64_t persistent_blocks = 0;  // a persistent grid of this many blocks where that build runs (0: plan's)
+  std::int64_t heavy_group = 0;  // causal heavy-first order: (batch, K/V head) pairs per group (0: plan's)
+
+  bool is_off(const std::string& feature) const;
+  bool empty() const;
+  std::string to_string() const;  // the text form, parse_plan_overrides' inverse
+};
+// Throws Error("plan", ...) naming the unknown key, kernel or feature (and the ones there are).
+PlanOverrides parse_plan_overrides(const std::string& text);
+// The CUDA backend's kernels, and the plan features that `off` can leave out (each with what it does).
+std::vector<std::string> plan_kernel_names();
+std::vector<std::pair<std::string, std::string>> plan_features();
+
 struct AttentionConfig {
   Backend backend = Backend::Auto;
   int threads = 0;  // CPU: worker threads (0: all cores). The results do not depend on it.
+  PlanOverrides plan;  // for tests and benchmarks only (see PlanOverrides)
 };
 
 class Attention {

@@ -113,6 +113,7 @@ struct GqaConfig {
   Backend backend = Backend::Cpu;
   int threads = 0;               // Cpu: 0 = all cores. The results do not depend on it.
   void* stream = nullptr;        // Cuda: the cudaStream_t to run on (null: the default stream)
+  PlanOverrides plan;            // for tests and benchmarks only: the attention core's plan (attention.hpp)
 };
 
 // What a call produces, as ONNX Runtime infers it: a binding allocates the outputs from this. present_key /

@@ -176,6 +176,7 @@ def attention(
     head_sink: Any = None,
     threads: Optional[int] = None,
     backend: str = "auto",
+    plan: str = "",
 ) -> Union[Any, Tuple[Any, Any]]:
     """Fused attention: ``O = softmax(scale * Q K^T + mask) V`` for every batch entry and head.
 
@@ -215,6 +216,9 @@ def attention(
         layout: ``"bhsd"`` or ``"bshd"``: the axis order of q, k, v and out.
         head_sink: float32 ``[H]``: a logit per query head that joins every row's softmax denominator only.
         threads: CPU worker threads (default: all cores); the result does not depend on it.
+        plan: plan overrides for tests and benchmarks that compare kernels on one problem, e.g.
+            ``"kernel=mma,splits=4,off=plain+call-pdl"`` (the C++ ``PlanOverrides`` text form); ``""`` (default):
+            the plan's own choices. A bad name raises ValueError.
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
             ``"reference"`` (float64, slow: the oracle of the tests) or ``"cuda"`` (CUDA arrays only).
 
@@ -246,6 +250,7 @@ def attention(
         _choice("backend", backend, ("auto", "cpu", "reference", "cuda")),
         _current_stream(q),
         _allocator(q),
+        str(plan),
     )
     return (o, lse) if return_lse else o
 

@@ -114,7 +114,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
                     std::optional<std::int64_t> window,
                     std::optional<float> softcap, std::optional<float> scale, const std::string& masked_rows,
                     bool return_lse, nb::handle out_obj, const std::string& layout, std::optional<int> threads,
-                    const std::string& backend, std::uintptr_t stream, nb::callable alloc) {
+                    const std::string& backend, std::uintptr_t stream, nb::callable alloc, const std::string& plan) {
   // Options first: they need no array.
   const Axes axes = parse_axes(layout);
   AttentionProblem p;
@@ -122,6 +122,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   AttentionConfig config;
   config.backend = parse_backend(backend);
   config.threads = threads.value_or(0);
+  config.plan = parse_plan_overrides(plan);
   if ((causal_offset || !causal_offsets_obj.is_none()) && !causal)
     throw nb::value_error("causal_offset: is set but causal is False");
 
@@ -399,6 +400,7 @@ NB_MODULE(_attnkit, m) {
         nb::arg("causal_offset").none(), nb::arg("causal_offsets").none(), nb::arg("window").none(), nb::arg("softcap").none(),
         nb::arg("scale").none(), nb::arg("masked_rows"), nb::arg("return_lse"), nb::arg("out").none(),
         nb::arg("layout"), nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"),
+        nb::arg("plan") = "",
         "Runs the attention op; see attnkit.attention (which allocates outputs through `alloc(shape, what)` and "
         "passes the caller's current CUDA stream as an integer, 0 for the default stream). "
         "Returns (out, lse or None).");

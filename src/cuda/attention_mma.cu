@@ -1,15 +1,18 @@
-// The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async),
-// head dims 32, 64, 128 and 256 with 16-byte-aligned rows. Everything else runs the SIMT kernel.
+// The tensor-core attention kernel for float16 / bfloat16 (sm_80+: mma.sync m16n8k16, ldmatrix, cp.async), every
+// head dim 1-256 and V dim 1-256, built for the head-dim buckets of the tile table (config/tile_table.hpp): the
+// real dims come at run time, columns past them are zero in the tiles and never stored.
 //
 // A block owns 64 rows ((query, head) pairs of one K/V head) as 4 warps of 16 rows, and walks its key range in tiles
-// of 64 keys (tile_keys: 16 or 128 at head dims 256 and 32). K and V tiles are double-buffered in shared memory
-// (cp.async, XOR-swizzled 16-byte chunks so ldmatrix reads are conflict-free); Q stays in shared memory and is
-// re-read by ldmatrix. S = Q Kᵀ lives in registers (16 x 64 per warp), the online softmax runs on those registers (a
-// row is spread over the 4 lanes of a quad: two xor-shuffles), P is rounded to the element type in registers and fed
-// straight back as the A operand of O += P V. The normaliser sums the rounded P, so numerator and denominator agree.
-// Accumulation is float32 throughout. No atomics: every sum has a fixed order, runs are bit-identical.
+// of mma_tile_keys keys. K and V tiles are double-buffered in shared memory (cp.async of 16-byte chunks, XOR-
+// swizzled or in padded rows so that ldmatrix reads are conflict-free; element loads where rows do not start on 16
+// bytes or a dim is not a multiple of 8); Q stays in shared memory and is re-read by ldmatrix. S = Q Kᵀ lives in
+// registers (16 x keys per warp), the online softmax runs on those registers (a row is spread over the 4 lanes of a
+// quad: two xor-shuffles), P is rounded to the element type in registers and fed straight back as the A operand of
+// O += P V. The normaliser sums the rounded P, so numerator and denominator agree. Accumulation is float32
+// throughout. No atomics: every sum has a fixed order, runs are bit-identical.
 #include "block_phases.cuh"
 #include "cluster_merge.cuh"
+#include "config/tile_table.hpp"
 #include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 #include "stored_pairs.cuh"
@@ -22,13 +25,11 @@
 namespace attnkit::cuda {
 namespace {
 
-constexpr int kRows = 64;
-// Keys per tile: 64; 16 at head dim 256 (the 16 x 256 float32 accumulator of a warp's rows already takes 128
-// registers per thread); 128 at head dim 32, whose accumulator is 16 registers: a 128-token sequence (MiniLM) is
-// then one tile, one dependent load-score-softmax chain per block instead of two.
-__host__ __device__ constexpr int tile_keys(int head_dim) { return head_dim == 256 ? 16 : head_dim == 32 ? 128 : 64; }
+constexpr int kRows = kMmaRows;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+static_assert(kThreads == kMmaThreads, "the tile table's block");
+
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -42,18 +43,72 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "r"(addr));
 }
 
-// Element offset of (row, col) in a [rows][D] shared tile whose 16-byte chunks are XOR-swizzled by row, so
-// that the 8 rows one ldmatrix reads at one column fall in 8 different bank groups (4 at head dim 32, whose
-// rows have only 4 chunks: two rows share a group, a 2-way conflict).
-template <int D>
-__device__ __forceinline__ int swizzled(int row, int col) {
-  constexpr int kMask = (D / 8 < 8 ? D / 8 : 8) - 1;
-  return row * D + ((((col >> 3) ^ (row & kMask))) << 3) + (col & 7);
+// Element offset of (row, col) in a shared tile W elements wide (smem_pitch). A power-of-two number of 16-byte
+// chunks per row is XOR-swizzled by row, so that the 8 rows one ldmatrix reads at one column fall in 8 different
+// bank groups (4 at width 32, whose rows have only 4 chunks: two rows share a group, a 2-way conflict); other
+// widths sit in rows padded to an odd number of chunks, which does the same.
+template <int W>
+__device__ __forceinline__ int tile_at(int row, int col) {
+  constexpr int kChunks = W / 8;
+  if constexpr (is_power_of_two(kChunks)) {
+    constexpr int kMask = (kChunks < 8 ? kChunks : 8) - 1;
+    return row * W + ((((col >> 3) ^ (row & kMask))) << 3) + (col & 7);
+  } else {
+    return row * smem_pitch(W) + col;
+  }
 }
 
+// Eight elements (one 16-byte chunk of a tile) from `src`, one load each: those at columns >= `valid` are zero.
+// For rows that do not start on 16 bytes or dims that are not a multiple of 8 (the chunk copies need both).
+__device__ __forceinline__ uint4 load_chunk_by_elements(const void* src, int valid) {
+  const auto* from = static_cast<const std::uint16_t*>(src);
+  std::uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t first = 2 * i < valid ? from[2 * i] : 0u;
+    const std::uint32_t second = 2 * i + 1 < valid ? from[2 * i + 1] : 0u;
+    w[i] = first | second << 16;
+  }
+  return uint4{w[0], w[1], w[2], w[3]};
+}
 
-// Shared memory of one block: Q, double-buffered K and V tiles (the element type), the rows' state and, for a
-// quantized cache, the K/V scales of the block's head and double-buffered raw tiles as stored.
+// Rows [0, kTileRows) of a W-wide tile from rows [0, n) of a tensor (`first`, `row_stride` elements apart), the
+// columns below `dim`; zeros elsewhere. By cp.async chunks (rows on 16 bytes, dim a multiple of 8) or, with
+// `by_elements`, by element loads and 16-byte shared stores. Called by the whole block.
+template <class T, int W, int kTileRows>
+__device__ __forceinline__ void copy_tile(T* tile, const T* first, std::int64_t row_stride, int n, int dim,
+                                          bool by_elements) {
+  constexpr int kChunks = W / 8;
+  const int tid = threadIdx.x;
+  if (by_elements) {
+    for (int e = tid; e < kTileRows * kChunks; e += kThreads) {
+      const int j = e / kChunks, col = e % kChunks * 8;
+      const int valid = j < n ? dim - col : 0;
+      *reinterpret_cast<uint4*>(tile + tile_at<W>(j, col)) =
+          valid > 0 ? load_chunk_by_elements(first + j * row_stride + col, valid) : uint4{0u, 0u, 0u, 0u};
+    }
+    return;
+  }
+  if constexpr (kThreads % kChunks == 0) {  // (each thread one fixed chunk column)
+    const int col = tid % kChunks * 8;
+    const bool column_real = col < dim;
+#pragma unroll
+    for (int j = tid / kChunks; j < kTileRows; j += kThreads / kChunks) {
+      const bool valid = j < n && column_real;
+      cp_async16(tile + tile_at<W>(j, col), first + (valid ? j : 0) * row_stride + col, valid);
+    }
+  } else {
+#pragma unroll
+    for (int e = tid; e < kTileRows * kChunks; e += kThreads) {
+      const int j = e / kChunks, col = e % kChunks * 8;
+      const bool valid = j < n && col < dim;
+      cp_async16(tile + tile_at<W>(j, col), first + (valid ? j : 0) * row_stride + col, valid);
+    }
+  }
+}
+
+// Shared memory of one block (mma_smem_bytes_for): Q, double-buffered K and V tiles (the element type), the rows'
+// state and, for a quantized cache, the K/V scales of the block's head and double-buffered raw tiles as stored.
 // A quantized cache double-buffers the raw tiles (the copies in flight) and converts each into one K and one V
 // element-type tile just before it is used, so that two blocks still fit an SM.
 template <class T, class S>
@@ -61,48 +116,48 @@ __host__ __device__ constexpr int element_tile_buffers() {
   return std::is_same_v<S, T> ? 2 : 1;
 }
 template <class T, class S>
-__host__ __device__ constexpr std::size_t smem_bytes_for(int head_dim) {
-  const std::size_t tiles = static_cast<std::size_t>(kRows + 2 * element_tile_buffers<T, S>() * tile_keys(head_dim)) *
-                            head_dim * sizeof(T);
-  const std::size_t rows = 4 * kRows * sizeof(int);
-  if (std::is_same_v<S, T>) return tiles + rows;
-  return tiles + rows + 2 * head_dim * sizeof(float) +
-         4 * static_cast<std::size_t>(tile_keys(head_dim)) * stored_row_bytes<T, S>(head_dim);
+__host__ __device__ constexpr std::size_t smem_bytes_for(HeadDimBucket b) {
+  return mma_smem_bytes_for(b, sizeof(T), element_tile_buffers<T, S>(),
+                            std::is_same_v<S, T> ? 0 : stored_row_bytes<T, S>(b.qk));
 }
 
 // Blocks per SM asked of ptxas: 3 at head dim 32 on sm_90 (its 128-key tiles would take 248 registers, 2
 // blocks), 2 in the sm_80 build (whose general build spilled 8 bytes at 3, 168 registers); none elsewhere (0 =
 // unspecified: an explicit 1 let ptxas take 188 registers at head dim 64 instead of 161, 2 blocks per SM
 // instead of 3).
-template <int D>
+template <int DQK, int DV>
 constexpr int mma_min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  return D == 32 ? 2 : 0;
+  return DQK == 32 && DV == 32 ? 2 : 0;
 #else
-  return D == 32 ? 3 : 0;
+  return DQK == 32 && DV == 32 ? 3 : 0;
 #endif
 }
 
 // kPlain: the build for runs_plain problems (kernel_params.cuh), with no row tables, rule, mask, softcap, sink
-// or split compiled in (attention_wgmma.cu says why).
-template <class T, int D, class S, bool kPlain>
-__global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_kernel(const KernelParams p) {
-  constexpr int kTileKeys = tile_keys(D);
+// or split compiled in (attention_wgmma.cu says why). DQK, DV: the bucket (p.head_dim <= DQK, p.v_head_dim <=
+// DV). S: the K/V storage (T, or int8 / int4 at DQK == DV == the real dims).
+template <class T, int DQK, int DV, class S, bool kPlain>
+__global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attention_mma_kernel(const KernelParams p) {
+  constexpr HeadDimBucket kBucket{DQK, DV};
+  constexpr int kTileKeys = mma_tile_keys(kBucket);
   constexpr bool kQuantized = !std::is_same_v<S, T>;
-  constexpr int kRawRow = stored_row_bytes<T, S>(D);  // bytes of a stored row
+  static_assert(!kQuantized || DQK == DV, "quantized caches at equal dims");
+  constexpr int kRawRow = stored_row_bytes<T, S>(DQK);  // bytes of a stored row
+  constexpr int kQkPitch = smem_pitch(DQK), kVPitch = smem_pitch(DV);
   ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-6 below, printed by thread 0
   extern __shared__ float4 smem_raw[];
   constexpr int kBuffers = element_tile_buffers<T, S>();
-  T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][D]
-  T* ks = qs + kRows * D;                    // [kBuffers][kTileKeys][D]
-  T* vs = ks + kBuffers * kTileKeys * D;     // [kBuffers][kTileKeys][D]
-  auto* row_head = reinterpret_cast<int*>(vs + kBuffers * kTileKeys * D);
+  T* qs = reinterpret_cast<T*>(smem_raw);   // [kRows][kQkPitch]
+  T* ks = qs + kRows * kQkPitch;             // [kBuffers][kTileKeys][kQkPitch]
+  T* vs = ks + kBuffers * kTileKeys * kQkPitch;  // [kBuffers][kTileKeys][kVPitch]
+  auto* row_head = reinterpret_cast<int*>(vs + kBuffers * kTileKeys * kVPitch);
   int* row_query = row_head + kRows;
   int* row_begin = row_query + kRows;
   int* row_end = row_begin + kRows;
-  float* k_scales = reinterpret_cast<float*>(row_end + kRows);  // quantized: [D] each
-  float* v_scales = k_scales + D;
-  auto* raw_k = reinterpret_cast<std::byte*>(v_scales + D);     // quantized: [2][kTileKeys][kRawRow]
+  float* k_scales = reinterpret_cast<float*>(row_end + kRows);  // quantized: [DQK], [DV]
+  float* v_scales = k_scales + DQK;
+  auto* raw_k = reinterpret_cast<std::byte*>(v_scales + DV);    // quantized: [2][kTileKeys][kRawRow]
   std::byte* raw_v = raw_k + 2 * kTileKeys * kRawRow;
   __shared__ int lo_hi[kBlockKeyInts];
 
@@ -115,7 +170,9 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const T* q = static_cast<const T*>(p.q);
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const int qk_dim = static_cast<int>(p.head_dim), v_dim = static_cast<int>(p.v_head_dim);
+  // (Plain problems never load by elements: the plan keeps their rows on 16 bytes.)
+  const bool by_elements = !kPlain && p.element_loads;
 
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
   if (p.wait_first) wait_for_prior_grids();  // (launched to overlap an unknown kernel, which may write any input)
@@ -128,46 +185,55 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(2)
   const int lo = keys.lo, hi = keys.hi;
 
-  // Q rows into shared memory (zeros for padded rows).
-  for (int e = tid; e < kRows * kChunks; e += kThreads) {
-    const int r = e / kChunks, ch = e % kChunks;
+  // Q rows into shared memory (zeros for padded rows and for columns past the head dim).
+  constexpr int kQkChunks = DQK / 8;  // 16-byte chunks per row
+  for (int e = tid; e < kRows * kQkChunks; e += kThreads) {
+    const int r = e / kQkChunks, col = e % kQkChunks * 8;
     RowOf row{0, 0};
     if (!kPlain) {
       row = RowOf{row_head[r], row_query[r]};
     } else if (r < rows) {
       row = row_of(p, c.kvh, first_row + r);
     }
-    const T* src = q + p.lq.index(c.b, row.head, row.query) + ch * 8;
-    cp_async16(qs + swizzled<D>(r, ch * 8), src, r < rows);
+    const T* src = q + p.lq.index(c.b, row.head, row.query) + col;
+    const bool valid = r < rows && col < qk_dim;
+    if (by_elements) {
+      *reinterpret_cast<uint4*>(qs + tile_at<DQK>(r, col)) =
+          valid ? load_chunk_by_elements(src, qk_dim - col) : uint4{0u, 0u, 0u, 0u};
+    } else {
+      cp_async16(qs + tile_at<DQK>(r, col), src, valid);
+    }
   }
-  // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row: of the
-  // element-type tiles, or of the raw stored rows of a quantized cache (converted by convert_kv below).
-  constexpr int kCopyChunks = kQuantized ? kRawRow / 16 : kChunks;
+  // K and V tiles: the element-type tiles by copy_tile, or (a quantized cache) each thread copies one fixed
+  // 16-byte chunk column of every (kThreads / kCopyChunks)-th raw stored row (converted by convert_kv below).
+  constexpr int kCopyChunks = kRawRow / 16;
   const std::int64_t value_bytes_num = std::is_same_v<S, Int4Tag> ? 1 : static_cast<std::int64_t>(sizeof(S));
   const std::int64_t value_bytes_den = std::is_same_v<S, Int4Tag> ? 2 : 1;
   auto bytes_of = [&](std::int64_t values) { return values * value_bytes_num / value_bytes_den; };
   const std::byte* k_head = static_cast<const std::byte*>(p.k) +
-                            bytes_of(p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride) +
-                            (tid % kCopyChunks) * 16;
+                            bytes_of(p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride);
   const std::byte* v_head = static_cast<const std::byte*>(p.v) +
-                            bytes_of(p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride) +
-                            (tid % kCopyChunks) * 16;
+                            bytes_of(p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride);
   const std::int64_t k_row_bytes = bytes_of(p.lk.row_stride);
   const std::int64_t v_row_bytes = bytes_of(p.lv.row_stride);
   auto load_kv = [&](int buffer, std::int64_t k0, int n) {
+    if constexpr (kQuantized) {
 #pragma unroll
-    for (int j = tid / kCopyChunks; j < kTileKeys; j += kThreads / kCopyChunks) {
-      const bool valid = j < n;
-      const std::int64_t key = valid ? k0 + j : k0;
-      if constexpr (kQuantized) {
-        const int at = (buffer * kTileKeys + j) * kRawRow + (tid % kCopyChunks) * 16;
-        cp_async16(raw_k + at, k_head + key * k_row_bytes, valid);
-        cp_async16(raw_v + at, v_head + key * v_row_bytes, valid);
-      } else {
-        const int at = swizzled<D>(j, (tid % kChunks) * 8);
-        cp_async16(ks + buffer * kTileKeys * D + at, k_head + key * k_row_bytes, valid);
-        cp_async16(vs + buffer * kTileKeys * D + at, v_head + key * v_row_bytes, valid);
+      for (int j = tid / kCopyChunks; j < kTileKeys; j += kThreads / kCopyChunks) {
+        const bool valid = j < n;
+        const std::int64_t key = valid ? k0 + j : k0;
+        const int chunk = (tid % kCopyChunks) * 16;
+        const int at = (buffer * kTileKeys + j) * kRawRow + chunk;
+        cp_async16(raw_k + at, k_head + key * k_row_bytes + chunk, valid);
+        cp_async16(raw_v + at, v_head + key * v_row_bytes + chunk, valid);
       }
+    } else {
+      copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch,
+                                   reinterpret_cast<const T*>(k_head) + k0 * p.lk.row_stride, p.lk.row_stride, n,
+                                   qk_dim, by_elements);
+      copy_tile<T, DV, kTileKeys>(vs + buffer * kTileKeys * kVPitch,
+                                  reinterpret_cast<const T*>(v_head) + k0 * p.lv.row_stride, p.lv.row_stride, n,
+                                  v_dim, by_elements);
     }
   };
   // A quantized cache: the raw rows of `buffer` become element-type tiles of the stored integers, exactly (rows
@@ -189,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
             std::uint32_t h[4];
             stored_chunk_pairs<T, S>(words, g, h);
             const uint4 out = valid ? uint4{h[0], h[1], h[2], h[3]} : uint4{0u, 0u, 0u, 0u};
-            *reinterpret_cast<uint4*>(tile + swizzled<D>(j, col + g * 8)) = out;
+            *reinterpret_cast<uint4*>(tile + tile_at<DQK>(j, col + g * 8)) = out;
           }
         }
       };
@@ -198,17 +264,17 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
     }
   };
   if constexpr (kQuantized) {
-    for (int d = tid; d < D; d += kThreads) {
-      k_scales[d] = core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, D, d);
-      v_scales[d] = core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, d);
+    for (int d = tid; d < DQK; d += kThreads) {
+      k_scales[d] = core::kv_scale_at(p.k_scale, p.k_quant, c.kvh, DQK, d);
+      v_scales[d] = core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, DV, d);
     }
   }
 
   // Per thread: rows r0 = 16 warp + lane / 4 and r0 + 8; accumulator columns 8 t + 2 (lane % 4) + {0, 1}.
   const int r0 = warp * 16 + lane / 4;
-  float o[D / 8][4];
+  float o[DV / 8][4];
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  for (int t = 0; t < DV / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
   float row_max[2] = {core::kNegInf, core::kNegInf};
   float row_sum[2] = {0.0f, 0.0f};
 
@@ -230,9 +296,9 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   __syncthreads();
   ATTNKIT_PHASE(3)
   if constexpr (kQuantized) {  // Q <- Q * K scales, in place (rounded to T, like any element of Q)
-    for (int e = tid; e < kRows * D; e += kThreads) {
-      T& x = qs[swizzled<D>(e / D, e % D)];
-      x = from_float<T>(to_float(x) * k_scales[e % D]);
+    for (int e = tid; e < kRows * DQK; e += kThreads) {
+      T& x = qs[tile_at<DQK>(e / DQK, e % DQK)];
+      x = from_float<T>(to_float(x) * k_scales[e % DQK]);
     }
     __syncthreads();
   }
@@ -249,23 +315,23 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
       convert_kv(buffer, n);
       __syncthreads();
     }
-    const T* kt = ks + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
-    const T* vt = vs + (kBuffers == 2 ? buffer : 0) * kTileKeys * D;
+    const T* kt = ks + (kBuffers == 2 ? buffer : 0) * kTileKeys * kQkPitch;
+    const T* vt = vs + (kBuffers == 2 ? buffer : 0) * kTileKeys * kVPitch;
     // A warp whose 16 rows are all padding (a decode step fills only the first rows) only helps copy tiles.
     if (warp * 16 < rows) {
 
-    // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys: 8 n-tiles of 8 keys.
+    // S = Q Kᵀ for this warp's 16 rows and the tile's keys: n-tiles of 8 keys.
     float s[kTileKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
+    for (int kk = 0; kk < DQK; kk += 16) {
       std::uint32_t a[4];
-      ldmatrix_x4(a, qs + swizzled<D>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
+      ldmatrix_x4(a, qs + tile_at<DQK>(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk + (lane / 16) * 8));
 #pragma unroll
       for (int j = 0; j < kTileKeys / 8; j += 2) {
         std::uint32_t b[4];
-        ldmatrix_x4(b, kt + swizzled<D>(j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
+        ldmatrix_x4(b, kt + tile_at<DQK>(j * 8 + (lane % 8) + (lane / 16) * 8, kk + ((lane / 8) % 2) * 8));
         mma16816<T>(s[j], a, b[0], b[1]);
         mma16816<T>(s[j + 1], a, b[2], b[3]);
       }
@@ -278,12 +344,12 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
       const bool full = n == kTileKeys && !p.has_mask && keys.all_begin <= k0 && keys.all_end >= k0 + kTileKeys;
       score_scale = transform_scores<kTileKeys, (kTileKeys > 64)>(s, p, c, tables, r0, rows, k0, n, full);
     }
-    softmax_step<kTileKeys, D>(s, o, row_max, row_sum, score_scale);
+    softmax_step<kTileKeys, DV>(s, o, row_max, row_sum, score_scale);
 
-    // P (rounded to T) as the A operand; O += P V. The rows' sums of that P: at head dims up to 64, P 1 on the
+    // P (rounded to T) as the A operand; O += P V. The rows' sums of that P: at V dims up to 64, P 1 on the
     // tensor cores (fewer instructions per score, where scores are most of a block's work); above, in float32
     // adds (the extra accumulator made the head-dim-128 plain build spill).
-    constexpr bool kSumsOnTensorCores = D <= 64;
+    constexpr bool kSumsOnTensorCores = DV <= 64;
     float tile_sum[2] = {0.0f, 0.0f};               // (float32 adds)
     float mma_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};    // (tensor cores)
 #pragma unroll
@@ -296,9 +362,9 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
         pack_probabilities<T, kTileKeys>(s, kk, a, tile_sum);
       }
 #pragma unroll
-      for (int t = 0; t < D / 8; t += 2) {
+      for (int t = 0; t < DV / 8; t += 2) {
         std::uint32_t b[4];
-        ldmatrix_x4_trans(b, vt + swizzled<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t * 8 + (lane / 16) * 8));
+        ldmatrix_x4_trans(b, vt + tile_at<DV>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, t * 8 + (lane / 16) * 8));
         mma16816<T>(o[t], a, b[0], b[1]);
         mma16816<T>(o[t + 1], a, b[2], b[3]);
       }
@@ -320,82 +386,111 @@ __global__ void __launch_bounds__(kThreads, mma_min_blocks<D>()) attention_mma_k
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-  if constexpr (D <= 128 && kClusterMergeBuilt) {
+  if constexpr (DV <= 128 && kClusterMergeBuilt) {
     if (p.cluster_merge) {
       // The partial rows go to this block's shared memory (Q and the tiles are free: the loop ended on a
       // barrier with no copy in flight), for the cluster's merge.
       float* staged = reinterpret_cast<float*>(smem_raw);
-      static_assert(kRows * (3 + D) * sizeof(float) <= (kRows + 2 * kBuffers * kTileKeys) * D * sizeof(T),
+      static_assert(kRows * (3 + DV) * sizeof(float) <=
+                        (kRows * kQkPitch + kBuffers * kTileKeys * (kQkPitch + kVPitch)) * sizeof(T),
                     "the partial rows fit in Q and the tiles");
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = r0 + half * 8;
-        if (r < rows) store_partial_row<D>(staged + r * (3 + D), half, o, row_max, row_sum, v_scale_at);
+        if (r < rows) store_partial_row<DV>(staged + r * (3 + DV), half, o, row_max, row_sum, v_scale_at);
       }
       const auto row_at = [&](int r) {
         return kPlain ? row_of(p, c.kvh, first_row + r) : RowOf{tables.head[r], tables.query[r]};
       };
-      merge_rows_in_cluster<T, D, kThreads>(p, c, row_at, rows, staged);
+      merge_rows_in_cluster<T, DV, kThreads>(p, c, row_at, rows, staged);
       return;
     }
   }
-  finish_rows<T, D, kRows, kPlain>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
+  finish_rows<T, DV, kRows, kPlain, true>(p, c, tables, block, r0, rows, o, row_max, row_sum, v_scale_at);
   ATTNKIT_PHASE(6)
   ATTNKIT_PHASES_PRINT("mma", 0)
 }
 
-template <class T, int D, class S, bool kPlain = false>
+template <class T, int DQK, int DV, class S, bool kPlain = false>
 struct Instance {
-  static constexpr auto kernel = attention_mma_kernel<T, D, S, kPlain>;
-  static std::size_t smem() { return smem_bytes_for<T, S>(D); }
+  static constexpr auto kernel = attention_mma_kernel<T, DQK, DV, S, kPlain>;
+  static std::size_t smem() { return smem_bytes_for<T, S>({DQK, DV}); }
 };
 
-// Calls f(Instance<T, D, S, plain>{}) for the kernel instance of (dtype, head dim, storage, plain): quantized
-// caches are built for head dims 64 and 128 (mma_supports says so), the plain build for head dims up to 128.
-template <class T, int D, class F>
+// Calls f(Instance<T, DQK, DV, S, plain>{}) for the kernel instance of (dtype, bucket, storage, plain): quantized
+// caches are built for head dims 64 and 128 (mma_supports says so), the plain build for V buckets up to 128.
+template <class T, int DQK, int DV, class F>
 void with_storage(KvType type, bool plain, F&& f) {
-  if constexpr (D == 64 || D == 128) {
-    if (type == KvType::Int8) return f(Instance<T, D, std::int8_t>{});
-    if (type == KvType::Int4) return f(Instance<T, D, Int4Tag>{});
+  if constexpr (DQK == DV && (DQK == 64 || DQK == 128)) {
+    if (type == KvType::Int8) return f(Instance<T, DQK, DV, std::int8_t>{});
+    if (type == KvType::Int4) return f(Instance<T, DQK, DV, Int4Tag>{});
   }
-  if constexpr (D <= 128) {
-    if (plain) return f(Instance<T, D, T, true>{});
+  if constexpr (DQK <= 128 && DV <= 128) {
+    if (plain) return f(Instance<T, DQK, DV, T, true>{});
   }
-  f(Instance<T, D, T>{});
+  f(Instance<T, DQK, DV, T>{});
 }
+// The bucket's instance: one branch per built pair of the tile table (a pair missing here fails the
+// static_assert of built_buckets_dispatched below).
 template <class T, class F>
-void with_head_dim(std::int64_t head_dim, KvType type, bool plain, F&& f) {
-  if (head_dim == 32) with_storage<T, 32>(type, plain, f);
-  else if (head_dim == 64) with_storage<T, 64>(type, plain, f);
-  else if (head_dim == 128) with_storage<T, 128>(type, plain, f);
-  else with_storage<T, 256>(type, plain, f);
+void with_bucket(HeadDimBucket b, KvType type, bool plain, F&& f) {
+  if (b == HeadDimBucket{32, 32}) return with_storage<T, 32, 32>(type, plain, f);
+  if (b == HeadDimBucket{64, 64}) return with_storage<T, 64, 64>(type, plain, f);
+  if (b == HeadDimBucket{96, 96}) return with_storage<T, 96, 96>(type, plain, f);
+  if (b == HeadDimBucket{128, 128}) return with_storage<T, 128, 128>(type, plain, f);
+  if (b == HeadDimBucket{160, 160}) return with_storage<T, 160, 160>(type, plain, f);
+  if (b == HeadDimBucket{192, 192}) return with_storage<T, 192, 192>(type, plain, f);
+  if (b == HeadDimBucket{192, 128}) return with_storage<T, 192, 128>(type, plain, f);
+  with_storage<T, 256, 256>(type, plain, f);
 }
+constexpr bool built_buckets_dispatched() {
+  constexpr HeadDimBucket kDispatched[] = {{32, 32},   {64, 64},   {96, 96},   {128, 128},
+                                           {160, 160}, {192, 192}, {192, 128}, {256, 256}};
+  int built = 0;
+  for (int d : kMmaBucketDims) {
+    bool found = false;
+    for (HeadDimBucket b : kDispatched) found = found || b == HeadDimBucket{d, d};
+    if (!found) return false;
+    ++built;
+  }
+  for (HeadDimBucket u : kMmaUnequalBuckets) {
+    bool found = false;
+    for (HeadDimBucket b : kDispatched) found = found || b == u;
+    if (!found) return false;
+    ++built;
+  }
+  return built == static_cast<int>(sizeof(kDispatched) / sizeof(kDispatched[0]));
+}
+static_assert(built_buckets_dispatched(), "with_bucket dispatches exactly the tile table's mma.sync buckets");
+
 template <class F>
-void with_instance(DType dtype, std::int64_t head_dim, KvType type, bool plain, F&& f) {
-  if (dtype == DType::f16) with_head_dim<__half>(head_dim, type, plain, f);
-  else with_head_dim<__nv_bfloat16>(head_dim, type, plain, f);
+void with_instance(DType dtype, HeadDimBucket b, KvType type, bool plain, F&& f) {
+  if (dtype == DType::f16) with_bucket<__half>(b, type, plain, f);
+  else with_bucket<__nv_bfloat16>(b, type, plain, f);
 }
 
 }  // namespace
 
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  const bool dims = head_dim == v_head_dim && (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
-  const bool storage = k_type == v_type && (k_type == KvType::Float || head_dim == 64 || head_dim == 128);
-  return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
+  if (dtype != DType::f16 && dtype != DType::bf16) return false;
+  if (k_type != v_type) return false;
+  if (k_type != KvType::Float) return head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+  return mma_bucket(head_dim, v_head_dim).valid();
 }
 
-std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type) {
-  const int d = static_cast<int>(head_dim);
+std::size_t mma_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim, KvType type) {
+  const HeadDimBucket b = mma_bucket(head_dim, v_head_dim);
   switch (type) {
-    case KvType::Int8: return smem_bytes_for<__half, std::int8_t>(d);
-    case KvType::Int4: return smem_bytes_for<__half, Int4Tag>(d);
+    case KvType::Int8: return smem_bytes_for<__half, std::int8_t>(b);
+    case KvType::Int4: return smem_bytes_for<__half, Int4Tag>(b);
     case KvType::Float: break;
   }
-  return smem_bytes_for<__half, __half>(d);
+  return smem_bytes_for<__half, __half>(b);
 }
 
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap) {
-  with_instance(dtype, p.head_dim, p.k_type, runs_plain(p), [&](auto instance) {
+  const HeadDimBucket bucket = mma_bucket(p.head_dim, p.v_head_dim);
+  with_instance(dtype, bucket, p.k_type, runs_plain(p), [&](auto instance) {
     using I = decltype(instance);
     allow_max_dynamic_smem<I::kernel>();
     if (p.cluster_merge) {
@@ -408,9 +503,9 @@ void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStr
   });
 }
 
-int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type) {
+int mma_resident_blocks(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType type) {
   int blocks = 1;
-  with_instance(dtype, head_dim, type, /*plain=*/false, [&](auto instance) {
+  with_instance(dtype, mma_bucket(head_dim, v_head_dim), type, /*plain=*/false, [&](auto instance) {
     using I = decltype(instance);
     static const int resident = resident_blocks_per_sm<I::kernel>(kThreads, I::smem());
     blocks = resident;

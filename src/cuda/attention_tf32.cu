@@ -1,5 +1,7 @@
-// The float32 tensor-core kernel (sm_80+: mma.sync m16n8k8 TF32) at float32 accuracy, head dims 32, 64, 128
-// (= v_head_dim), rows starting on 16 bytes. The SIMT kernel (attention_simt.cu) runs every other float32 shape.
+// The float32 tensor-core kernel (sm_80+: mma.sync m16n8k8 TF32) at float32 accuracy, head dims and V dims up to
+// 128, built for the buckets of the tile table (kTf32BucketDims: Q/K and V at the wider dim's bucket; columns past
+// the real dims are zero in the tiles and never stored). Rows off 16 bytes, or dims off a multiple of 4, load
+// element by element. The SIMT kernel (attention_simt.cu) runs float32 above 128.
 //
 // TF32 keeps 10 of float32's 23 mantissa bits, so every product is taken as three TF32 products of split
 // operands: x = hi + lo with hi = tf32(x) and lo = tf32(x - hi), a b = hi_a hi_b + hi_a lo_b + lo_a hi_b (the
@@ -17,24 +19,40 @@
 // A non-finite K, V or Q value splits into hi = ±inf and lo = NaN: its products come out NaN where float32
 // gives ±inf (a row with such a visible score is NaN either way; an infinite V value seen with p > 0 gives NaN
 // here, ±inf there).
+#include "config/tile_table.hpp"
 #include "fragment_softmax.cuh"
 #include "kernel_launchers.hpp"
 
 namespace attnkit::cuda {
 namespace {
 
-constexpr int kRows = 64;
+constexpr int kRows = kTf32Rows;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = 32;
+constexpr int kTileKeys = kTf32TileKeys;
 
 template <int D>
 constexpr int pitch() {
-  return D + 4;  // floats per shared row: 4 banks on per row, conflict-free fragment loads
+  return tf32_pitch(D);  // floats per shared row: 4 banks on per row, conflict-free fragment loads
 }
 template <int D>
 constexpr std::size_t smem_bytes_for() {
-  return static_cast<std::size_t>(kRows + 4 * kTileKeys) * pitch<D>() * sizeof(float);
+  return tf32_smem_bytes_for({D, D});
+}
+
+// Four floats (one 16-byte chunk of a row) into shared memory: a cp.async copy where the row's chunks are
+// aligned (`by_elements` false), else four loads; zeros past `valid` columns (all four where valid <= 0).
+__device__ __forceinline__ void copy_chunk4(float* dst, const float* src, int valid, bool by_elements) {
+  if (!by_elements) {
+    cp_async16(dst, src, valid > 0);
+    return;
+  }
+  float4 x{0.0f, 0.0f, 0.0f, 0.0f};
+  if (valid > 0) x.x = src[0];
+  if (valid > 1) x.y = src[1];
+  if (valid > 2) x.z = src[2];
+  if (valid > 3) x.w = src[3];
+  *reinterpret_cast<float4*>(dst) = x;
 }
 
 struct Split {
@@ -101,22 +119,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
   const int lo = keys.lo, hi = keys.hi;
 
   const float* q = static_cast<const float*>(p.q);
-  for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows)
-    const int r = e / kChunks, ch = e % kChunks;
-    cp_async16(qs + r * kPitch + ch * 4, q + p.lq.index(c.b, row_head[r], row_query[r]) + ch * 4, r < rows);
+  const int qk_dim = static_cast<int>(p.head_dim), v_dim = static_cast<int>(p.v_head_dim);
+  const bool by_elements = p.element_loads;
+  for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows, past the head dim)
+    const int r = e / kChunks, col = e % kChunks * 4;
+    copy_chunk4(qs + r * kPitch + col, q + p.lq.index(c.b, row_head[r], row_query[r]) + col,
+                r < rows ? qk_dim - col : 0, by_elements);
   }
   // Each thread copies one fixed 16-byte chunk column of every (kThreads / kChunks)-th key row; rows past the
-  // tile's n are zeros (0 x p = 0: nothing of the buffer reaches the sums).
-  const float* k_head = static_cast<const float*>(p.k) + p.lk.index(c.b, c.kvh, 0) + (tid % kChunks) * 4;
-  const float* v_head = static_cast<const float*>(p.v) + p.lv.index(c.b, c.kvh, 0) + (tid % kChunks) * 4;
+  // tile's n and columns past the dims are zeros (0 x p = 0: nothing of the buffer reaches the sums).
+  const int col = (tid % kChunks) * 4;
+  const float* k_head = static_cast<const float*>(p.k) + p.lk.index(c.b, c.kvh, 0) + col;
+  const float* v_head = static_cast<const float*>(p.v) + p.lv.index(c.b, c.kvh, 0) + col;
+  // (where kChunks does not divide the block, the last threads copy nothing: no two write one chunk)
+  const bool copies = tid < kThreads / kChunks * kChunks;
   auto load_kv = [&](int buffer, std::int64_t k0, int n) {
+    if (!copies) return;
 #pragma unroll
     for (int j = tid / kChunks; j < kTileKeys; j += kThreads / kChunks) {
       const bool valid = j < n;
       const std::int64_t key = valid ? k0 + j : k0;
-      const int at = (buffer * kTileKeys + j) * kPitch + (tid % kChunks) * 4;
-      cp_async16(ks + at, k_head + key * p.lk.row_stride, valid);
-      cp_async16(vs + at, v_head + key * p.lv.row_stride, valid);
+      const int at = (buffer * kTileKeys + j) * kPitch + col;
+      copy_chunk4(ks + at, k_head + key * p.lk.row_stride, valid ? qk_dim - col : 0, by_elements);
+      copy_chunk4(vs + at, v_head + key * p.lv.row_stride, valid ? v_dim - col : 0, by_elements);
     }
   };
 
@@ -214,30 +239,35 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
     buffer ^= 1;
   }
 
-  finish_rows<float, D, kRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [](int) { return 1.0f; });
+  finish_rows<float, D, kRows, false, true>(p, c, tables, block, r0, rows, o, row_max, row_sum,
+                                            [](int) { return 1.0f; });
+}
+
+template <int D>
+void launch_bucket(const KernelParams& p, unsigned grid, cudaStream_t stream) {
+  allow_max_dynamic_smem<attention_tf32_kernel<D>>();
+  attention_tf32_kernel<D><<<grid, kThreads, smem_bytes_for<D>(), stream>>>(p);
 }
 
 }  // namespace
 
 bool tf32_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  return dtype == DType::f32 && head_dim == v_head_dim && (head_dim == 32 || head_dim == 64 || head_dim == 128) &&
-         k_type == KvType::Float && v_type == KvType::Float;
+  return dtype == DType::f32 && tf32_bucket(head_dim, v_head_dim).valid() && k_type == KvType::Float &&
+         v_type == KvType::Float;
 }
 
-std::size_t tf32_smem_bytes(std::int64_t head_dim) {
-  return head_dim == 32 ? smem_bytes_for<32>() : head_dim == 64 ? smem_bytes_for<64>() : smem_bytes_for<128>();
+std::size_t tf32_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim) {
+  return tf32_smem_bytes_for(tf32_bucket(head_dim, v_head_dim));
 }
 
 void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(blocks);
-  if (p.head_dim == 32) {
-    attention_tf32_kernel<32><<<grid, kThreads, smem_bytes_for<32>(), stream>>>(p);
-  } else if (p.head_dim == 64) {
-    allow_max_dynamic_smem<attention_tf32_kernel<64>>();
-    attention_tf32_kernel<64><<<grid, kThreads, smem_bytes_for<64>(), stream>>>(p);
-  } else {
-    allow_max_dynamic_smem<attention_tf32_kernel<128>>();
-    attention_tf32_kernel<128><<<grid, kThreads, smem_bytes_for<128>(), stream>>>(p);
+  static_assert(sizeof(kTf32BucketDims) / sizeof(int) == 4, "a branch below per built bucket");
+  switch (tf32_bucket(p.head_dim, p.v_head_dim).qk) {
+    case 32: return launch_bucket<32>(p, grid, stream);
+    case 64: return launch_bucket<64>(p, grid, stream);
+    case 96: return launch_bucket<96>(p, grid, stream);
+    default: return launch_bucket<128>(p, grid, stream);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "block_phases.cuh"
 #include "fragment_softmax.cuh"
 #include "hopper.cuh"
+#include "config/tile_table.hpp"
 #include "kernel_launchers.hpp"
 #include "query_tile.cuh"
 #include "stored_pairs.cuh"
@@ -218,7 +219,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       } else if (r < rows) {
         row = row_of(p, c.kvh, first_row + r);
       }
-      cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, row.head, row.query) + ch * 8, r < rows);
+      // (chunks past the real head dim of the bucket D are zeros)
+      cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, row.head, row.query) + ch * 8,
+                 r < rows && ch * 8 < p.head_dim);
     }
     cp_async_commit();
   };
@@ -647,8 +650,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
         for (int half = 0; half < 2; ++half) {
           if (r0 + half * 8 < rows) {
-            store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + D), half, o,
-                                 row_max, row_sum, [](int) { return 1.0f; });
+            const int columns = static_cast<int>(p.v_head_dim);
+            store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + columns),
+                                 half, o, row_max, row_sum, [](int) { return 1.0f; }, columns);
           }
         }
       } else {
@@ -663,7 +667,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       }
     } else {
       // V's scales act on the output columns (sum p (v * s) = s sum p v).
-      finish_rows<T, D, kBlockRows>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
+      finish_rows<T, D, kBlockRows, false, true>(p, c, tables, block, r0, rows, o, row_max, row_sum, [&](int col) {
         return kQuantized ? core::kv_scale_at(p.v_scale, p.v_quant, c.kvh, D, col) : 1.0f;
       });
     }
@@ -736,12 +740,15 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
 }  // namespace
 
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  const bool dims = head_dim == v_head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  // Float K/V: any head dim of whole 16-byte chunks in a bucket (equal Q/K and V dims); a quantized cache at
+  // the exact dims 64 and 128.
+  const bool dims = head_dim == v_head_dim && head_dim % 8 == 0 && warpgroup_bucket(head_dim) > 0;
   const bool storage = k_type == v_type && (k_type == KvType::Float || head_dim == 64 || head_dim == 128);
   return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
 }
 
-std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three) {
+std::size_t warpgroup_smem_bytes(std::int64_t real_head_dim, KvType type, bool three) {
+  const std::int64_t head_dim = warpgroup_bucket(real_head_dim);
   if (three && head_dim == 64 && type == KvType::Float) return smem_bytes_for<__half, 64, __half, true>();
   // The element type does not change the layout: float16 stands for both.
   switch (type) {
@@ -755,11 +762,11 @@ std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three)
 }
 
 std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type) {
-  return type == KvType::Float && head_dim != 64 ? kWarpgroupRows : 64;
+  return type == KvType::Float && warpgroup_bucket(head_dim) != 64 ? kWarpgroupRows : 64;
 }
 
 int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, bool three) {
-  if (head_dim != 64 || type != KvType::Float) return 1;
+  if (warpgroup_bucket(head_dim) != 64 || type != KvType::Float) return 1;
   // (The general build's instance stands for both builds: the same threads, registers and shared memory.)
   using Half = __half;
   using Brain = __nv_bfloat16;
@@ -777,13 +784,14 @@ int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, b
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream, bool overlap) {
+  const int bucket = warpgroup_bucket(p.head_dim);
   if (dtype == DType::f16) {
-    if (p.head_dim == 64) launch_typed<__half, 64>(p, maps, blocks, stream, overlap);
-    else if (p.head_dim == 128) launch_typed<__half, 128>(p, maps, blocks, stream, overlap);
+    if (bucket == 64) launch_typed<__half, 64>(p, maps, blocks, stream, overlap);
+    else if (bucket == 128) launch_typed<__half, 128>(p, maps, blocks, stream, overlap);
     else launch_typed<__half, 256>(p, maps, blocks, stream, overlap);
   } else {
-    if (p.head_dim == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream, overlap);
-    else if (p.head_dim == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream, overlap);
+    if (bucket == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream, overlap);
+    else if (bucket == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream, overlap);
     else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream, overlap);
   }
 }

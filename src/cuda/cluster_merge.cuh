@@ -27,7 +27,8 @@ inline constexpr bool kClusterMergeBuilt = false;
 
 // Call with the whole block, which left its rows' partials at staged + r * (3 + D) for r < rows (store_partial_row),
 // after its last use of that shared memory by other threads. Rows r with r % splits == rank are this block's to
-// fold; a warp takes one row at a time, a lane columns lane + 32 i. `v_scale` was applied when staging.
+// fold; a warp takes one row at a time, a lane columns lane + 32 i (those below p.v_head_dim are written: D may be
+// a bucket wider than the real V dim). `v_scale` was applied when staging.
 // row_at(r): the (head, query) of the block's row r (the row tables, or row_of in the plain build).
 template <class T, int D, int kThreads, class RowAt>
 __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, const BlockCoord& c, RowAt row_at,
@@ -75,7 +76,9 @@ __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, con
         core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[head] : 0.0f, p.masked_rows);
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, head, query);
 #pragma unroll
-    for (int i = 0; i < kLaneColumns; ++i) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
+    for (int i = 0; i < kLaneColumns; ++i) {
+      if (lane + 32 * i < p.v_head_dim) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
+    }
     if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, head, query)] = fin.lse;
   }
   cluster.sync();  // no block leaves (its shared memory) while another still reads it

@@ -1,6 +1,7 @@
 // The CUDA backend's host side: device discovery, the plan (kernel, key split, scratch), the launch sequence
 // (key-length check, main kernel in work-budget cuts, merge pass) and error reporting.
 #include "cuda_backend.hpp"
+#include "config/tile_table.hpp"
 #include "cuda_plan.hpp"
 #include "kernel_launchers.hpp"
 
@@ -20,6 +21,16 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 bool pointer_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Whether every Q, K and V row starts on 16 bytes (given aligned bases) and both dims are whole 16-byte chunks:
+// the mma.sync and TF32 kernels' chunk copies; otherwise they load by elements.
+bool rows_in_chunks(const AttentionProblem& p) {
+  const auto m = static_cast<std::int64_t>(16 / dtype_size(p.dtype));  // elements per chunk
+  const auto chunked = [m](const Layout& l) {
+    return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
+  };
+  return p.head_dim % m == 0 && p.v_head_dim % m == 0 && chunked(p.q) && chunked(p.k) && chunked(p.v);
+}
 
 int device_attribute(cudaDeviceAttr attr) {
   int device = 0;
@@ -77,22 +88,21 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.tail_piece_keys = plan.tail_piece_keys;
   k.three_per_sm = plan.three_per_sm;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
-  const bool heavy_first = p.causal && plan.row_blocks > 1 && env_value("ATTNKIT_CUDA_BLOCK_ORDER") != "index";
+  const bool heavy_first = p.causal && plan.row_blocks > 1 && !plan.overrides.is_off("heavy-first");
   std::int64_t heavy_group = 0;
   if (heavy_first) {
     // Pairs whose K and V fill at most a sixth of L2: blocks in flight of one pair are at different keys, and Q
     // and O stream through too. On the H200 (60 MiB of L2, 2 MiB pairs of a 4k prompt) that is 5 pairs: the
     // 64-head 4k causal case ran in 688 us (groups of 4: 682, of 15 (a half of L2): 703, of all 64: 756, index
-    // order: 706; bench/results/2026-11-30-h200-heavy-first-ab.md). ATTNKIT_CUDA_HEAVY_GROUP=n sets the group.
+    // order: 706; bench/results/2026-11-30-h200-heavy-first-ab.md). PlanOverrides::heavy_group sets the group.
     const auto row_bytes = [&](const KvStorage& s, std::int64_t dim) -> std::int64_t {
       if (s.type == KvType::Int4) return (dim + 1) / 2;
       return s.type == KvType::Int8 ? dim : dim * static_cast<std::int64_t>(dtype_size(p.dtype));
     };
     const std::int64_t pair_bytes = std::max<std::int64_t>(
         p.k_len * (row_bytes(p.k_storage, p.head_dim) + row_bytes(p.v_storage, p.v_head_dim)), 1);
-    const std::string forced = env_value("ATTNKIT_CUDA_HEAVY_GROUP");
-    heavy_group = forced.empty() ? device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes
-                                 : std::atoll(forced.c_str());
+    heavy_group = plan.overrides.heavy_group > 0 ? plan.overrides.heavy_group
+                                                 : device_attribute(cudaDevAttrL2CacheSize) / 6 / pair_bytes;
   }
   set_block_order(k, heavy_first, heavy_group);
   k.transform = core::ScoreTransform{*p.scale, p.softcap.value_or(0.0f)};
@@ -101,6 +111,8 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.has_sink = p.has_head_sink;
   k.return_lse = p.return_lse;
   k.masked_rows = p.masked_rows;
+  k.element_loads = !(pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data) &&
+                      rows_in_chunks(p));
   return k;
 }
 
@@ -139,7 +151,8 @@ DeviceTraits device_traits(const AttentionProblem& p) {
   d.sm90 = device_is_sm90();
   d.resident_blocks = [&p](CudaPlan::Kernel kernel) {
     switch (kernel) {
-      case CudaPlan::Kernel::TensorCore: return mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
+      case CudaPlan::Kernel::TensorCore:
+        return mma_resident_blocks(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type);
       case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
       case CudaPlan::Kernel::DecodeMma: return decode_mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
       case CudaPlan::Kernel::Warpgroup: return warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
@@ -148,8 +161,8 @@ DeviceTraits device_traits(const AttentionProblem& p) {
     }
     return 2;
   };
-  if (p.head_dim == 64 && p.k_storage.type == KvType::Float && (p.dtype == DType::f16 || p.dtype == DType::bf16) &&
-      d.sm90) {
+  if (warpgroup_bucket(p.head_dim) == 64 && p.k_storage.type == KvType::Float &&
+      (p.dtype == DType::f16 || p.dtype == DType::bf16) && d.sm90) {
     d.warpgroup_three_resident = warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type, true);
   }
   return d;
@@ -157,26 +170,21 @@ DeviceTraits device_traits(const AttentionProblem& p) {
 
 }  // namespace
 
-CudaPlan plan(const AttentionProblem& p) {
+CudaPlan plan(const AttentionProblem& p, const PlanOverrides& overrides) {
   if (!available()) throw Error("config.backend", "no CUDA device is present");
   const DeviceTraits device = device_traits(p);
-  CudaPlan plan = plan_for(p, true, device);
+  CudaPlan plan = plan_for(p, true, device, overrides);
   if (plan.kernel == CudaPlan::Kernel::Decode || plan.kernel == CudaPlan::Kernel::Warpgroup ||
       plan.kernel == CudaPlan::Kernel::DecodeMma) {
     // Rows that do not start on the decode / wgmma kernel's load width (an odd base pointer, seen only at run
     // time) take the mma.sync / SIMT plan instead: the scratch covers both.
-    plan.scratch_bytes = std::max(plan.scratch_bytes, plan_for(p, false, device).scratch_bytes);
+    plan.scratch_bytes = std::max(plan.scratch_bytes, plan_for(p, false, device, overrides).scratch_bytes);
   }
   return plan;
 }
 
 std::string describe(const CudaPlan& plan) {
-  const char* kernel = plan.kernel == CudaPlan::Kernel::Simt        ? "simt"
-                       : plan.kernel == CudaPlan::Kernel::Tf32      ? "tf32"
-                       : plan.kernel == CudaPlan::Kernel::Decode    ? "decode"
-                       : plan.kernel == CudaPlan::Kernel::DecodeMma ? "decode-mma"
-                       : plan.kernel == CudaPlan::Kernel::Warpgroup ? "wgmma"
-                                                                    : "tensor-core";
+  const char* kernel = kernel_shown_name(plan.kernel);
   std::string s = std::string("cuda.") + kernel + " " +
                   std::to_string(plan.blocks) + " blocks of " + std::to_string(plan.row_block) + " rows, " +
                   std::to_string(plan.smem_bytes) + " B shared, " + std::to_string(plan.sm_count) + " SMs";
@@ -189,6 +197,7 @@ std::string describe(const CudaPlan& plan) {
   if (plan.persistent_places > 0 && plan.blocks > plan.persistent_places) {
     s += ", persistent grid of " + std::to_string(plan.persistent_places);
   }
+  if (!plan.simt_reason.empty()) s += " (" + plan.simt_reason + ")";
   if (plan.tail_pieces > 1) {
     s += ", tail of " + std::to_string((plan.blocks - plan.tail_block) / plan.tail_pieces) + " row blocks in " +
          std::to_string(plan.tail_pieces) + " x " + std::to_string(plan.tail_piece_keys) + " keys";
@@ -217,7 +226,9 @@ bool special_kernel_runs(const AttentionProblem& p, const AttentionArgs& a, cons
 
 bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& plan, const QueryRotary& rotary) {
   WarpgroupMaps maps{};
-  return env_value("ATTNKIT_CUDA_QUERY_ROTARY") != "0" && plan.kernel == CudaPlan::Kernel::Warpgroup &&
+  // (at the bucket's own head dims: the rotated chunks go straight into the tile)
+  return !plan.overrides.is_off("query-rotary") && plan.kernel == CudaPlan::Kernel::Warpgroup &&
+         p.head_dim == warpgroup_bucket(p.head_dim) &&
          query_rotary_loads_chunks(rotary, dtype_size(p.dtype)) && special_kernel_runs(p, a, plan, maps);
 }
 
@@ -227,27 +238,22 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   auto* flag = static_cast<int*>(scratch);
   WarpgroupMaps maps{};
   const bool falls_back = !special_kernel_runs(p, a, chosen, maps);
-  CudaPlan plan = falls_back ? plan_for(p, false, device_traits(p)) : chosen;
+  CudaPlan plan = falls_back ? plan_for(p, false, device_traits(p), chosen.overrides) : chosen;
   if (rotary != nullptr && (plan.kernel != CudaPlan::Kernel::Warpgroup ||
                             !query_rotary_loads_chunks(*rotary, dtype_size(p.dtype)))) {
     throw RuntimeError("a query rotary reached a CUDA plan that cannot apply it (" + describe(plan) + ")");
   }
   float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
-  if (check_key_lengths && p.has_key_lengths && p.batch > 0) {
-    // The lengths live on the device: check them there, before any output is written.
-    launch_check_key_lengths(static_cast<const std::int32_t*>(a.key_lengths.data), p.batch, p.k_len, flag, stream);
+  // The lengths live on the device and are never read back (no synchronisation: the call captures in a CUDA
+  // graph). A length outside [0, k_len] hides every key of its batch entry in every kernel (key_length_of); the
+  // check records the first such entry in the caller's status word (AttentionArgs::status) or, without one, in the
+  // scratch's flag.
+  int* status = a.status.data != nullptr ? static_cast<int*>(a.status.data) : flag;
+  if (check_key_lengths && p.has_key_lengths && p.batch > 0 && status != nullptr) {
+    launch_check_key_lengths(static_cast<const std::int32_t*>(a.key_lengths.data), p.batch, p.k_len, status, stream);
     check_cuda(cudaGetLastError(), "the key-length check launch");
-    int bad = -1;
-    check_cuda(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (bad >= 0) {
-      std::int32_t value = 0;
-      check_cuda(cudaMemcpy(&value, static_cast<const std::int32_t*>(a.key_lengths.data) + bad, sizeof(value),
-                            cudaMemcpyDeviceToHost),
-                 "cudaMemcpy");
-      throw Error("key_lengths[" + std::to_string(bad) + "]",
-                  "= " + std::to_string(value) + " is outside [0, k_len = " + std::to_string(p.k_len) + "]");
-    }
+  } else if (a.status.data != nullptr) {
+    check_cuda(cudaMemsetAsync(a.status.data, 0xff, sizeof(int), stream), "cudaMemsetAsync");  // -1: none bad
   }
   if (plan.blocks == 0) return;
   // Programmatic dependent launches (sm_90), where the caller says its previous kernel allows them (the GQA op's
@@ -256,12 +262,12 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // batch 8 x 32k), while the wgmma steps gained 0-2%.
   // (The capability read once per call, a driver query; `pdl` needs sm_90 anyway: the wgmma kernel runs nowhere else.)
   const bool pdl_allowed =
-      env_value("ATTNKIT_CUDA_PDL") != "0" && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+      !plan.overrides.is_off("pdl") && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   const bool pdl = pdl_allowed && overlap_previous && plan.kernel == CudaPlan::Kernel::Warpgroup;
   // A plain attention call's tile kernel may start under the tail of whatever kernel precedes it: it waits for
   // that kernel before it reads anything (wait_first), so only the launch latency and the blocks' start overlap.
   // (What back-to-back calls, a model's layers or a benchmark's CUDA graph, see between two kernels.)
-  const bool pdl_call = pdl_allowed && env_value("ATTNKIT_CUDA_CALL_PDL") != "0" && !overlap_previous &&
+  const bool pdl_call = pdl_allowed && !plan.overrides.is_off("call-pdl") && !overlap_previous &&
                         (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore);
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
@@ -282,13 +288,15 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
   std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
-  // Rows that do not start on 16 bytes (an odd base pointer) take the SIMT kernel; the plan assumed aligned ones.
+  // Rows that do not start on 16 bytes (an odd base pointer, seen only here): the mma.sync kernel loads float K/V
+  // by elements, a quantized cache and the TF32 kernel take the SIMT kernel.
   const bool aligned = pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data);
-  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && aligned;
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  const bool tensor_cores = plan.kernel == CudaPlan::Kernel::TensorCore && (aligned || !quantized);
   // A cluster merge (the mma.sync kernel only) cuts between whole clusters: a row block's ranges.
   params.cluster_merge = plan.cluster_merge && tensor_cores;
   if (params.cluster_merge) per_launch = (per_launch + plan.splits - 1) / plan.splits * plan.splits;
-  const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32 && aligned;
+  const bool tf32 = plan.kernel == CudaPlan::Kernel::Tf32;
   const std::size_t simt_smem = simt_smem_bytes(p.head_dim, p.v_head_dim);
   params.persistent_places = plan.kernel == CudaPlan::Kernel::Warpgroup ? plan.persistent_places : 0;
   for (std::int64_t first = 0; first < plan.blocks; first += per_launch) {
@@ -314,7 +322,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // The merge pass waits for the attention kernel it follows (ours, in the same call) before it reads a
   // partial, so it is always launched to overlap that kernel's tail (sm_90): its launch latency passes while
   // the last blocks of the attention grid run.
-  const bool merge_pdl = pdl_allowed && env_value("ATTNKIT_CUDA_MERGE_PDL") != "0";
+  const bool merge_pdl = pdl_allowed && !plan.overrides.is_off("merge-pdl");
   if (plan.splits > 1 && !params.cluster_merge) {
     launch_merge(params, p.dtype, plan.row_block, stream, merge_pdl);
     check_cuda(cudaGetLastError(), "the split-k merge launch");

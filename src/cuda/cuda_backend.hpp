@@ -48,16 +48,21 @@ struct CudaPlan {
   // The wgmma kernel at head dim 64 as three 64-row blocks per SM (instead of two), 128-key tiles one at a time:
   // for problems whose rows see every key with the scale in the exponent (sees_keys_as_plain).
   bool three_per_sm = false;
+  // What the plan was made with (a test's or benchmark's forced choices), for the run's own choices (programmatic
+  // launches, the causal block order, the GQA op's rotary of Q) and its fallback plan.
+  PlanOverrides overrides;
+  std::string simt_reason;  // why no tensor-core kernel takes the problem (describe() of a SIMT plan)
   // Its plain build's grid where there are more blocks than places (the SMs times the blocks each holds, this):
   // a persistent grid of that many blocks, each running every persistent_places-th unit of work, so that a
   // unit's Q and first K/V tiles load under the end of the block's previous one. 0: one block per unit.
   std::int64_t persistent_places = 0;
 };
 
-CudaPlan plan(const AttentionProblem& problem);
+CudaPlan plan(const AttentionProblem& problem, const PlanOverrides& overrides = {});
 std::string describe(const CudaPlan& plan);
-// Runs on args.stream. Checks key lengths on the device first (one small kernel and a 4-byte copy) when the
-// problem has them; throws Error before launching anything if one is out of range.
+// Runs on args.stream, with no host synchronisation. Checks key lengths on the device first (one small kernel) when
+// the problem has them: a length outside [0, k_len] hides every key of its batch entry, and the first such entry
+// goes to args.status (AttentionArgs::status; else the scratch's flag).
 // check_key_lengths = false skips that check: for callers that made the lengths themselves (the GQA op).
 // rotary (the GQA op): Q is rotated as the kernel loads it; only where rotates_query says the run takes the wgmma
 // kernel (anything else throws RuntimeError before launching).

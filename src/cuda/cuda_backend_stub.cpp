@@ -6,7 +6,7 @@ namespace attnkit::cuda {
 
 bool available() { return false; }
 bool is_device_pointer(const void*) { return false; }
-CudaPlan plan(const AttentionProblem&) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+CudaPlan plan(const AttentionProblem&, const PlanOverrides&) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::string describe(const CudaPlan&) { return "cuda (not built)"; }
 void run(const AttentionProblem&, const AttentionArgs&, const CudaPlan&, void*, bool, const QueryRotary*, bool) {
   throw Error("config.backend", "the CUDA backend is not part of this build");
@@ -27,7 +27,7 @@ struct DeviceWorkspace::State {};
 DeviceWorkspace::DeviceWorkspace() = default;
 DeviceWorkspace::~DeviceWorkspace() = default;
 std::byte* DeviceWorkspace::device(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
-std::byte* DeviceWorkspace::stage(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
+std::byte* DeviceWorkspace::stage(std::size_t, bool) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 void DeviceWorkspace::upload(void*, std::size_t, void*) {}
 void DeviceWorkspace::upload_kept(void*, const std::byte*, std::size_t, void*) {}
 void copy_to_host(void*, const void*, std::size_t, void*) { throw Error("config.backend", "the CUDA backend is not part of this build"); }

@@ -6,6 +6,7 @@
 #include "kernel_launchers.hpp"
 
 #include "../core/work_rounds.hpp"
+#include "config/tile_table.hpp"
 
 #include <algorithm>
 #include <cfloat>
@@ -13,11 +14,6 @@
 #include <string>
 
 namespace attnkit::cuda {
-
-std::string env_value(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
 
 namespace {
 
@@ -63,29 +59,6 @@ bool mma_aligned(const Layout& l, KvType type) {
   return l.offset % m == 0 && l.batch_stride % m == 0 && l.head_stride % m == 0 && l.row_stride % m == 0;
 }
 
-// Switches for benchmarks and tests that compare kernels or key splits on the same shapes (the test suite's
-// small shapes would otherwise rarely reach some kernels), not tuning knobs; read at every plan so that one
-// process can compare them:
-//   ATTNKIT_CUDA_DECODE=0 / ATTNKIT_CUDA_WGMMA=0 keep the decode / wgmma kernel out of every plan;
-//   ATTNKIT_CUDA_WGMMA=all puts the wgmma kernel on every shape it supports;
-//   ATTNKIT_CUDA_KERNEL=simt|mma|wgmma|decode|tf32|decode-mma takes that kernel wherever it supports the shape;
-//   ATTNKIT_CUDA_DECODE_MMA=0 keeps the decode-mma kernel out of every plan;
-//   ATTNKIT_CUDA_TF32=0 keeps float32 off the tensor cores (the SIMT kernel runs it);
-//   ATTNKIT_CUDA_QUERY_ROTARY=0 leaves the GQA op's rotary of Q to its pre-pass (rotates_query says no);
-//   ATTNKIT_CUDA_PDL=0 launches every kernel after the previous one has finished (no programmatic overlap);
-//   ATTNKIT_CUDA_MERGE_PDL=0 does so for the split-K merge pass only, ATTNKIT_CUDA_CALL_PDL=0 for a plain call's
-//   tile kernel (which otherwise starts under the tail of the kernel before it);
-//   ATTNKIT_CUDA_SPLITS=n splits every key range n ways (at most k_len / 64; the decode kernel's range limit
-//   still holds);
-//   ATTNKIT_CUDA_BLOCK_ORDER=index runs causal row blocks in index order (not heavy-first, block_coord);
-//   ATTNKIT_CUDA_HEAVY_GROUP=n orders n (batch, K/V head) pairs together in the heavy-first order;
-//   ATTNKIT_CUDA_PLAIN=0 keeps the tile kernels' plain build out of every plan;
-//   ATTNKIT_CUDA_TAIL=0 keeps the split tail out of every plan;
-//   ATTNKIT_CUDA_THREE=0 keeps the wgmma kernel at two blocks per SM (head dim 64; CudaPlan::three_per_sm);
-//   ATTNKIT_CUDA_PERSISTENT=0 runs one block per unit of work in its plain build too (no persistent grid), =n
-//   a persistent grid of n blocks wherever it has more (for tests: many units per block on small problems);
-//   ATTNKIT_CUDA_CLUSTER=0 merges every split by the merge pass (no cluster merge).
-
 // Whether the visibility rule hides no key of [0, k_len) from any row (a causal rule may hide nothing: a
 // decoder step's query).
 bool rule_hides_no_key(const AttentionProblem& p) {
@@ -111,33 +84,92 @@ bool sees_keys_as_plain(const AttentionProblem& p) {
 }
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
-bool plain_problem(const AttentionProblem& p) { return plain_shape(p) && env_value("ATTNKIT_CUDA_PLAIN") != "0"; }
+bool plain_problem(const AttentionProblem& p, const PlanOverrides& o) { return plain_shape(p) && !o.is_off("plain"); }
 
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which
 // only the run sees; the run falls back to the plan without them).
+// ---- the kernel registry: every CUDA kernel, its name and whether it accepts a problem on a device ----
+
+bool is_quantized(const AttentionProblem& p) {
+  return p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+}
+// allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which only
+// the run sees; the run falls back to the plan without them).
+bool decode_accepts(const AttentionProblem& p, const DeviceTraits&, bool allow_special) {
+  return allow_special && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+         decode_aligned(p.k, p.k_storage.type, p.dtype) && decode_aligned(p.v, p.v_storage.type, p.dtype);
+}
+bool warpgroup_accepts(const AttentionProblem& p, const DeviceTraits& device, bool allow_special) {
+  return allow_special && device.sm90 &&
+         warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+         layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+}
+// Float K/V in any layout (rows off 16 bytes load by elements); a quantized cache copies 16-byte chunks.
+bool mma_accepts(const AttentionProblem& p, const DeviceTraits&, bool) {
+  return mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+         (!is_quantized(p) ||
+          (layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)));
+}
+bool tf32_accepts(const AttentionProblem& p, const DeviceTraits&, bool) {  // (any layout, as mma.sync)
+  return tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type);
+}
+bool decode_mma_accepts(const AttentionProblem& p, const DeviceTraits&, bool allow_special) {
+  return allow_special &&
+         decode_mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type, p.has_mask) &&
+         mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
+}
+bool simt_accepts(const AttentionProblem&, const DeviceTraits&, bool) { return true; }
+
+struct KernelEntry {
+  CudaPlan::Kernel kernel;
+  const char* name;  // PlanOverrides::kernel's name (plan_kernel_names)
+  const char* shown;  // describe()'s
+  bool (*accepts)(const AttentionProblem&, const DeviceTraits&, bool allow_special);
+};
+// In plan_kernel_names()' order; the plan's policy (choose_kernel) picks among the entries that accept.
+constexpr KernelEntry kRegistry[] = {
+    {CudaPlan::Kernel::Simt, "simt", "simt", simt_accepts},
+    {CudaPlan::Kernel::TensorCore, "mma", "tensor-core", mma_accepts},
+    {CudaPlan::Kernel::Warpgroup, "wgmma", "wgmma", warpgroup_accepts},
+    {CudaPlan::Kernel::Decode, "decode", "decode", decode_accepts},
+    {CudaPlan::Kernel::DecodeMma, "decode-mma", "decode-mma", decode_mma_accepts},
+    {CudaPlan::Kernel::Tf32, "tf32", "tf32", tf32_accepts},
+};
+
+const KernelEntry& entry_of(CudaPlan::Kernel k) {
+  for (const KernelEntry& e : kRegistry) {
+    if (e.kernel == k) return e;
+  }
+  return kRegistry[0];
+}
+
+bool accepts(CudaPlan::Kernel k, const AttentionProblem& p, const DeviceTraits& device, bool allow_special) {
+  return entry_of(k).accepts(p, device, allow_special);
+}
+
+// Why no tensor-core kernel takes a problem (describe() of a SIMT plan).
+std::string simt_reason(const AttentionProblem& p, const PlanOverrides& o) {
+  if (!o.kernel.empty() && o.kernel == "simt") return "forced by the plan overrides";
+  if (p.dtype == DType::f32) {
+    if (o.is_off("tf32")) return "tf32 off in the plan overrides";
+    return "float32 above head dim 128 (the TF32 kernel is built to 128)";
+  }
+  if (is_quantized(p)) {
+    return "int8 / int4 K/V: the tensor-core kernels take them at equal head dims 64 or 128, with K and V stored "
+           "alike, rows on 16 bytes";
+  }
+  return "no tensor-core kernel accepts the problem";
+}
+
 CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_rows, std::int64_t sms,
-                               bool allow_special, const DeviceTraits& device) {
-  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  const bool decode_ok = allow_special && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-                         decode_aligned(p.k, p.k_storage.type, p.dtype) &&
-                         decode_aligned(p.v, p.v_storage.type, p.dtype);
-  const bool warpgroup_ok =
-      allow_special && warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type) &&
-      device.sm90;
-  const bool mma_ok = mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-                      layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
-  // float32 rows on 16 bytes: 4 floats.
-  const auto aligned4 = [](const Layout& l) {
-    return l.offset % 4 == 0 && l.batch_stride % 4 == 0 && l.head_stride % 4 == 0 && l.row_stride % 4 == 0;
-  };
-  const bool tf32_ok = tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
-                       aligned4(p.q) && aligned4(p.k) && aligned4(p.v);
-  const bool decode_mma_ok = allow_special &&
-                             decode_mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type,
-                                                 p.has_mask) &&
-                             mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
-  const std::string forced = env_value("ATTNKIT_CUDA_KERNEL");
+                               bool allow_special, const DeviceTraits& device, const PlanOverrides& o) {
+  const bool quantized = is_quantized(p);
+  const bool decode_ok = accepts(CudaPlan::Kernel::Decode, p, device, allow_special);
+  const bool warpgroup_ok = accepts(CudaPlan::Kernel::Warpgroup, p, device, allow_special);
+  const bool mma_ok = accepts(CudaPlan::Kernel::TensorCore, p, device, allow_special);
+  const bool tf32_ok = accepts(CudaPlan::Kernel::Tf32, p, device, allow_special);
+  const bool decode_mma_ok = accepts(CudaPlan::Kernel::DecodeMma, p, device, allow_special);
+  const std::string& forced = o.kernel;
   if (forced == "decode-mma" && decode_mma_ok) return CudaPlan::Kernel::DecodeMma;
   if (forced == "tf32" && tf32_ok) return CudaPlan::Kernel::Tf32;
   if (forced == "wgmma" && warpgroup_ok) return CudaPlan::Kernel::Warpgroup;
@@ -160,12 +192,10 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // A few rows per K/V head over a long cache (a decode step) take it too: its TMA ring keeps more of the cache
   // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
   // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
-  const std::string warpgroup_switch = env_value("ATTNKIT_CUDA_WGMMA");
+  const bool warpgroup_off = o.is_off("wgmma");
   // A quantized cache under a decode step's few rows: the keys on the MMA's M side, so that the tensor-core work
   // follows the keys, not 16 or 64 padded rows (the wgmma kernel's int8 step took as long as its float16 one).
-  // ATTNKIT_CUDA_WGMMA=all leaves it to the wgmma kernel (the tests run that kernel on these shapes so).
-  if (decode_mma_ok && quantized && group_rows <= 2 * kDecodeMmaRows && warpgroup_switch != "all" &&
-      env_value("ATTNKIT_CUDA_DECODE_MMA") != "0") {
+  if (decode_mma_ok && quantized && group_rows <= 2 * kDecodeMmaRows && !o.is_off("decode-mma")) {
     return CudaPlan::Kernel::DecodeMma;
   }
   const std::int64_t warpgroup_row_block = warpgroup_rows(p.head_dim, p.k_storage.type);
@@ -179,35 +209,57 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   const bool whole_waves =
       paired || (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
       warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
-      (plain_problem(p) && warpgroup_blocks * 4 >= sms);
+      (plain_problem(p, o) && warpgroup_blocks * 4 >= sms);
   const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
+  // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
+  // warpgroup_bucket_pays, prefill stays on mma.sync)
   const bool warpgroup_wanted =
-      warpgroup_switch == "all" ||
-      (warpgroup_switch != "0" && ((!quantized && group_rows > kRowBlock && whole_waves) || long_stream));
+      !warpgroup_off &&
+      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(p.head_dim)) || long_stream);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
-  if (decode_ok && env_value("ATTNKIT_CUDA_DECODE") != "0" &&
+  if (decode_ok && !o.is_off("decode") &&
       group_rows <= (quantized ? kQuantizedDecodeRows : kFloatDecodeRows)) {
     return CudaPlan::Kernel::Decode;
   }
   // float32 beyond a decode step's few rows: on the tensor cores at float32 accuracy.
-  if (tf32_ok && env_value("ATTNKIT_CUDA_TF32") != "0") return CudaPlan::Kernel::Tf32;
+  if (tf32_ok && !o.is_off("tf32")) return CudaPlan::Kernel::Tf32;
   return CudaPlan::Kernel::Simt;
 }
 
 }  // namespace
 
-CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device) {
+std::vector<std::string> registry_kernel_names() {
+  std::vector<std::string> names;
+  for (const KernelEntry& e : kRegistry) names.emplace_back(e.name);
+  return names;
+}
+
+std::vector<std::string> accepting_kernels(const AttentionProblem& p, const DeviceTraits& device) {
+  std::vector<std::string> names;
+  for (const KernelEntry& e : kRegistry) {
+    if (e.accepts(p, device, true)) names.emplace_back(e.name);
+  }
+  return names;
+}
+
+const char* kernel_shown_name(CudaPlan::Kernel k) { return entry_of(k).shown; }
+
+CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device,
+                  const PlanOverrides& o) {
   CudaPlan plan;
   plan.sm_count = device.sm_count;
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
-  plan.kernel = choose_kernel(p, plan.group_rows, plan.sm_count, allow_special, device);
+  plan.kernel = choose_kernel(p, plan.group_rows, plan.sm_count, allow_special, device, o);
+  if (plan.kernel == CudaPlan::Kernel::Simt) plan.simt_reason = simt_reason(p, o);
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
-  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore || warpgroup ? static_cast<int>(p.head_dim) : 0;
+  plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_bucket(p.head_dim, p.v_head_dim).qk
+                       : warpgroup                                 ? static_cast<int>(p.head_dim)
+                                                                   : 0;
   const bool decode_mma = plan.kernel == CudaPlan::Kernel::DecodeMma;
   plan.row_block = decode       ? kDecodeRows
                    : decode_mma ? kDecodeMmaRows
@@ -232,8 +284,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // The mma.sync kernel on sm_90 merges a split inside a thread-block cluster (CudaPlan::cluster_merge): at
   // most kMaxClusterSplits ranges (Whisper's cross-attention step, 1500 keys: 12 ranges of 128 keys, 7.65 us,
   // against 8 of 192, 7.94).
-  const bool clusters = plan.kernel == CudaPlan::Kernel::TensorCore && device.sm90 && p.head_dim <= 128 &&
-                        env_value("ATTNKIT_CUDA_CLUSTER") != "0";
+  const bool clusters = plan.kernel == CudaPlan::Kernel::TensorCore && device.sm90 &&
+                        mma_bucket(p.head_dim, p.v_head_dim).v <= 128 && !o.is_off("cluster");
   if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
   if (plan.group_rows <= 16 && base_blocks > 0) {
@@ -246,9 +298,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     want = std::min(ceil_div(2 * sms, base_blocks), most);
   }
   if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
-  const std::string forced_splits = env_value("ATTNKIT_CUDA_SPLITS");
-  if (!forced_splits.empty()) {
-    const std::int64_t n = std::max<std::int64_t>(std::atoll(forced_splits.c_str()), 1);
+  if (o.splits > 0) {
+    const std::int64_t n = o.splits;
     want = std::max(std::min(n, std::max<std::int64_t>(p.k_len / kSplitGranule, 1)),
                     decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1);
   }
@@ -259,7 +310,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.blocks = base_blocks * plan.splits;
   plan.cluster_merge = clusters && plan.splits > 1 && plan.splits <= kMaxClusterSplits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
-               (plan.splits == 1 || plan.cluster_merge) && plain_problem(p);
+               (plan.splits == 1 || plan.cluster_merge) && plain_problem(p, o);
   // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time), for every problem that build takes
   // (sees_keys_as_plain), in the plain build or the general one. On the H200 it took `bert_b8_s512` 23.1 -> 21.2 us
   // and Whisper's encoder 28.9 -> 27.4 (bench/results/2026-12-01-h200-cuda-three-seq.md), and, since its tiles are
@@ -268,14 +319,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // had lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
                       plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_as_plain(p) &&
-                      env_value("ATTNKIT_CUDA_THREE") != "0";
+                      !o.is_off("three");
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends
   // (places: blocks the SMs hold at once). Not under three per SM: there the tails of 84 and 116 row blocks made
   // two head-dim-64 shapes slower, 37.1 -> 44.1 and 26.6 -> 36.1 us, merge included
   // (bench/results/2026-12-01-h200-cuda-three-all.md).
-  if (plan.plain && warpgroup && plan.splits == 1 && !plan.three_per_sm && env_value("ATTNKIT_CUDA_TAIL") != "0") {
+  if (plan.plain && warpgroup && plan.splits == 1 && !plan.three_per_sm && !o.is_off("tail")) {
     const std::int64_t places = sms * device.resident_blocks(plan.kernel);
     const std::int64_t tail = base_blocks % places;
     const std::int64_t tiles = ceil_div(p.k_len, kWarpgroupTileKeys);
@@ -297,18 +348,17 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // fewer units left for the last round, the blocks with one more unit than the rest land unevenly on the SMs, and
   // 576, 640 and 1,024 units (last rounds 45-62% full) ran 8-12% slower
   // (bench/results/2026-12-01-h200-cuda-persistent.md).
-  const std::string persistent = env_value("ATTNKIT_CUDA_PERSISTENT");
   const std::int64_t places = sms * device.warpgroup_three_resident;
   const std::int64_t last_round = places > 0 ? plan.blocks % places : 0;
-  if (plan.three_per_sm && plan.plain && persistent != "0") {
-    if (!persistent.empty()) {
-      plan.persistent_places = std::max<std::int64_t>(std::atoll(persistent.c_str()), 1);
+  if (plan.three_per_sm && plan.plain && !o.is_off("persistent")) {
+    if (o.persistent_blocks > 0) {
+      plan.persistent_places = o.persistent_blocks;
     } else if (plan.blocks > places && (last_round == 0 || 3 * last_round >= 2 * places)) {
       plan.persistent_places = places;
     }
   }
-  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim)
-                    : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.k_storage.type)
+  plan.smem_bytes = plan.kernel == CudaPlan::Kernel::Tf32         ? tf32_smem_bytes(p.head_dim, p.v_head_dim)
+                    : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.v_head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                     : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
                     : warpgroup ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type, plan.three_per_sm)
@@ -317,6 +367,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
       plan.splits > 1 ? plan.blocks : plan.tail_pieces > 1 ? plan.blocks - plan.tail_block : 0;
   plan.partial_bytes = static_cast<std::size_t>(partial_blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float);
   plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
+  plan.overrides = o;
   return plan;
 }
 

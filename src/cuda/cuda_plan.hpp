@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace attnkit::cuda {
 
@@ -27,12 +28,16 @@ inline constexpr std::int64_t kMaxClusterSplits = 16;
 // Scratch starts with the key-length check's flag; the split-K partials follow it.
 inline constexpr std::size_t kFlagBytes = 256;
 
-// The plan of `p` on `device`. allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-
-// aligned base pointers, which only the run sees; the run falls back to the plan without them).
-CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device);
+// The plan of `p` on `device`, a pure function of the three. allow_special: the decode and wgmma kernels may be
+// chosen (both need 16-byte-aligned base pointers, which only the run sees; the run falls back to the plan
+// without them). `overrides`: what a test or benchmark forces (kernel, splits, features off; PlanOverrides).
+CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTraits& device,
+                  const PlanOverrides& overrides = {});
 
-// A switch's value from the environment ("" when unset): the plan's and the run's switches for tests and
-// benchmarks (listed in cuda_plan.cu).
-std::string env_value(const char* name);
+// The kernel registry (cuda_plan.cu): its names in order (PlanOverrides::kernel's, plan_kernel_names()), the ones
+// that accept `p` on `device` (with aligned base pointers), and the name describe() shows for a kernel.
+std::vector<std::string> registry_kernel_names();
+std::vector<std::string> accepting_kernels(const AttentionProblem& p, const DeviceTraits& device);
+const char* kernel_shown_name(CudaPlan::Kernel k);
 
 }  // namespace attnkit::cuda

@@ -377,11 +377,12 @@ __device__ __forceinline__ void store_pair(T* at, T first, T second) {
 }
 
 // One of the thread's rows (`half`) of a split key range's finish: its partial state (max, sum, poison,
-// accumulator) at `part` ([3 + D]), for the merge pass. `v_scale(col)`: as in finish_rows.
+// accumulator) at `part` ([3 + columns]), for the merge pass: the accumulator's first `columns` columns (the real
+// V dim of a kernel built for a wider bucket D). `v_scale(col)`: as in finish_rows.
 template <int D, class VScale>
 __device__ __forceinline__ void store_partial_row(float* part, int half, const float (&o)[D / 8][4],
                                                   const float (&row_max)[2], const float (&row_sum)[2],
-                                                  VScale v_scale) {
+                                                  VScale v_scale, int columns = D) {
   const int lane = threadIdx.x % 32;
   if (lane % 4 == 0) {
     part[0] = row_max[half];
@@ -391,21 +392,23 @@ __device__ __forceinline__ void store_partial_row(float* part, int half, const f
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     const int col = j * 8 + (lane % 4) * 2;
-    part[3 + col] = o[j][half * 2] * v_scale(col);
-    part[3 + col + 1] = o[j][half * 2 + 1] * v_scale(col + 1);
+    if (col < columns) part[3 + col] = o[j][half * 2] * v_scale(col);
+    if (col + 1 < columns) part[3 + col + 1] = o[j][half * 2 + 1] * v_scale(col + 1);
   }
 }
 
 // Finish: normalise and write the thread's two rows (or leave the split-K partial of block `block` with kRows
 // rows). A NaN sum means a NaN or +inf score. `v_scale(col)` scales output column col (a quantized V; else 1).
 // kPlain (runs_plain; the mma.sync kernel's plain build): no partial, no sink, every output row on a pair
-// boundary, rows from row_of (no tables).
-template <class T, int D, int kRows, bool kPlain = false, class VScale>
+// boundary, rows from row_of (no tables). kBucketed: D is a bucket, the real V dim p.v_head_dim (<= D).
+template <class T, int D, int kRows, bool kPlain = false, bool kBucketed = false, class VScale>
 __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCoord& c, const RowTables& t,
                                             std::int64_t block, int r0, int rows, const float (&o)[D / 8][4],
                                             const float (&row_max)[2], const float (&row_sum)[2],
                                             VScale v_scale) {
   const int lane = threadIdx.x % 32;
+  // The real V dim (a kernel built for a bucket D wider than it; D itself where the kernel has no buckets).
+  const int columns = kBucketed ? static_cast<int>(p.v_head_dim) : D;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + half * 8;
@@ -413,7 +416,8 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const bool poisoned = isnan(row_sum[half]);
     const RowOf row = kPlain ? row_of(p, c.kvh, c.row_block * kRows + r) : RowOf{t.head[r], t.query[r]};
     if (!kPlain && p.partial != nullptr) {
-      store_partial_row<D>(p.partial + (block * kRows + r) * (3 + D), half, o, row_max, row_sum, v_scale);
+      store_partial_row<D>(p.partial + (block * kRows + r) * (3 + columns), half, o, row_max, row_sum, v_scale,
+                           columns);
       continue;
     }
     const bool sink = !kPlain && p.has_sink;
@@ -426,13 +430,14 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
+      if (col >= columns) break;  // (columns past the real V dim of a bucket are never stored)
       const T first = from_float<T>(finished_value(fin, o[j][half * 2] * v_scale(col)));
       const T second = from_float<T>(finished_value(fin, o[j][half * 2 + 1] * v_scale(col + 1)));
-      if (paired) {
+      if (paired && col + 1 < columns) {
         store_pair(out + col, first, second);
       } else {
         out[col] = first;
-        out[col + 1] = second;
+        if (col + 1 < columns) out[col + 1] = second;
       }
     }
     if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row.head, row.query)] = fin.lse;
@@ -476,7 +481,7 @@ __device__ __forceinline__ void finish_plain_rows(const KernelParams& p, const B
 #pragma unroll
   for (int e = lane; e < 16 * kChunks; e += 32) {
     const int r = e / kChunks, ch = e % kChunks;
-    if (warp_row + r < rows) {
+    if (warp_row + r < rows && ch * 8 < p.v_head_dim) {  // (D may be a bucket wider than the real V dim)
       const RowOf row = row_of(p, c.kvh, c.row_block * kRows + warp_row + r);
       T* at = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query) + ch * 8;
       *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(chunk_at(r, ch));

@@ -66,6 +66,7 @@ struct AppendStep {
   float norm_epsilon = 1e-6f;
   DeviceCache key_cache, value_cache;
   const DeviceBatchRows* rows = nullptr;  // device
+  bool vector_allowed = true;  // false: the general kernel even where the vector one applies (PlanOverrides)
 };
 // Takes gqa_prepass_vector.cu's kernel where prepass_vector_supports says so, else the general one.
 void launch_append(const AppendStep& s, void* stream);
@@ -87,7 +88,8 @@ class DeviceWorkspace {
   std::byte* device(std::size_t bytes);
   // A host buffer of at least `bytes`, free to fill: up to 32,512 bytes a plain one (upload() passes it as
   // kernel parameters), else the next slot of a small pinned ring, once the last upload from that slot has run.
-  std::byte* stage(std::size_t bytes);
+  // by_kernel: small arrays may ride as kernel parameters (false: always a copy; PlanOverrides "upload-kernel").
+  std::byte* stage(std::size_t bytes, bool by_kernel = true);
   // Queues a copy of stage()[0, bytes) to `device_dst` on `stream` (a one-block kernel or a copy).
   void upload(void* device_dst, std::size_t bytes, void* stream);
   // The same for arrays that seldom change (scales, sinks): queued only when `host` differs from what the last

@@ -209,11 +209,7 @@ void launch_cache_move(const CacheMove& m, void* stream) {
 
 void launch_append(const AppendStep& s, void* stream) {
   if (s.batch * s.seq == 0) return;
-  static const bool vector_enabled = [] {
-    const char* v = std::getenv("ATTNKIT_CUDA_PREPASS");  // =rows: the general kernel everywhere (tests compare both)
-    return v == nullptr || std::string(v) != "rows";
-  }();
-  if (vector_enabled && prepass_vector_supports(s)) {
+  if (s.vector_allowed && prepass_vector_supports(s)) {
     launch_prepass_vector(s, stream);
     check(cudaGetLastError(), "the GQA pre-pass launch");
     return;
@@ -238,7 +234,7 @@ void launch_append(const AppendStep& s, void* stream) {
 // Small enough arrays skip the copy engine: they ride to the device as the parameters of a one-block kernel that
 // stores them (a copy in the stream costs the step its own latency plus two waits between engines; a kernel
 // before the pre-pass costs one kernel-to-kernel step). The host buffer is then free again once the launch
-// returns (the parameters are copied at launch), so no slot waits. ATTNKIT_CUDA_UPLOAD=copy keeps the copy.
+// returns (the parameters are copied at launch), so no slot waits. PlanOverrides' "upload-kernel" off keeps the copy.
 template <int N>
 struct UploadParams {
   std::byte* dst;
@@ -261,13 +257,6 @@ void launch_upload(void* device_dst, const std::byte* host, std::size_t bytes, c
   std::memcpy(p.data, host, bytes);
   upload_kernel<N><<<1, 256, 0, stream>>>(p);
   check(cudaGetLastError(), "the small-array upload launch");
-}
-bool upload_by_kernel() {
-  static const bool by_kernel = [] {
-    const char* v = std::getenv("ATTNKIT_CUDA_UPLOAD");
-    return v == nullptr || std::string_view(v) != "copy";
-  }();
-  return by_kernel;
 }
 
 struct DeviceWorkspace::State {
@@ -320,8 +309,8 @@ std::byte* DeviceWorkspace::device(std::size_t bytes) {
   return static_cast<std::byte*>(state_->device);
 }
 
-std::byte* DeviceWorkspace::stage(std::size_t bytes) {
-  state_->by_params = upload_by_kernel() && bytes <= kUploadClasses[2];
+std::byte* DeviceWorkspace::stage(std::size_t bytes, bool by_kernel) {
+  state_->by_params = by_kernel && bytes <= kUploadClasses[2];
   if (state_->by_params) {
     if (state_->params.size() < bytes) state_->params.resize(bytes);
     return state_->params.data();

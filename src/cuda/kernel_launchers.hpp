@@ -91,19 +91,22 @@ int resident_blocks_per_sm(int threads, std::size_t smem) {
 std::size_t simt_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_simt(const KernelParams& p, DType dtype, std::int64_t blocks, std::size_t smem, cudaStream_t stream);
 
-// attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, head dim 32, 64, 128 or 256 (= v_head_dim), rows
-// aligned to 16 bytes.
-// K/V may be quantized (int8 / int4, both alike) at head dims 64 and 128: tiles are dequantized in shared memory.
+// attention_mma.cu: tensor cores (mma.sync) for float16 / bfloat16, every head dim and V dim 1-256 (in the tile table's
+// buckets, config/tile_table.hpp), any layout (rows off 16 bytes or dims off a multiple of 8: element loads,
+// KernelParams::element_loads).
+// K/V may be quantized (int8 / int4, both alike) at head dims 64 and 128 (= v_head_dim), rows on 16 bytes: tiles
+// are dequantized in shared memory.
 bool mma_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
-std::size_t mma_smem_bytes(std::int64_t head_dim, KvType type);
+std::size_t mma_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim, KvType type);
 // overlap: a programmatic dependent launch (p.wait_first set).
 void launch_mma(const KernelParams& p, DType dtype, std::int64_t blocks, cudaStream_t stream, bool overlap);
-int mma_resident_blocks(DType dtype, std::int64_t head_dim, KvType type);  // blocks per SM
+int mma_resident_blocks(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType type);  // per SM
 
-// attention_tf32.cu: float32 on tensor cores (3 TF32 products per product, float32 accuracy), head dim 32, 64 or
-// 128 (= v_head_dim), rows aligned to 16 bytes.
+// attention_tf32.cu: float32 on tensor cores (3 TF32 products per product, float32 accuracy), head dims and V dims
+// up to 128 (the tile table's kTf32BucketDims), any layout (KernelParams::element_loads where rows are off 16
+// bytes or a dim off a multiple of 4).
 bool tf32_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
-std::size_t tf32_smem_bytes(std::int64_t head_dim);
+std::size_t tf32_smem_bytes(std::int64_t head_dim, std::int64_t v_head_dim);
 void launch_tf32(const KernelParams& p, std::int64_t blocks, cudaStream_t stream);
 
 // attention_wgmma.cu: Hopper (sm_90a) wgmma + TMA for float16 / bfloat16, head dim 64, 128 or 256 (= v_head_dim), K/V
@@ -114,7 +117,7 @@ inline constexpr std::int64_t kWarpgroupRows = 128;
 inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at head dims up to 128
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
 // registers per thread), in every build (three blocks per SM too).
-constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
+constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }  // (by bucket)
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma

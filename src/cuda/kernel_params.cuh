@@ -47,6 +47,9 @@ struct KernelParams {
   bool return_lse;
   bool has_sink;
   bool q_by_tma;  // the wgmma kernel's plain build: Q by TMA (WarpgroupMaps::q_by_tma, copied here by its launch)
+  // The mma.sync kernel loads Q, K and V element by element: some row does not start on 16 bytes, or a dim is not
+  // a multiple of 8 (the 16-byte chunk copies need both). Never in a plain build.
+  bool element_loads;
   MaskedRows masked_rows;
   // Work-budget cut: this launch runs blocks [first_block, block_end). Each of its gridDim.x blocks runs block
   // first_block + blockIdx.x and, in a persistent grid (the wgmma kernel's plain build of three per SM, fewer
@@ -344,7 +347,7 @@ inline bool runs_plain(const KernelParams& p) {
   // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
-  return p.plain && chunks && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+  return p.plain && chunks && !p.element_loads && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
          p.k_type == KvType::Float && p.v_type == KvType::Float &&
          (p.partial == nullptr || p.tail_pieces > 1 || p.cluster_merge) && (p.splits == 1 || p.cluster_merge) &&
@@ -386,8 +389,12 @@ __host__ __device__ __forceinline__ BlockCoord plain_block_coord(const KernelPar
   return c;
 }
 
+// Batch entry b's key length. The lengths live on the device and are not checked on the host: one outside
+// [0, k_len] hides every key (the row's keys are then [0, 0): masked rows; the run's check reports the entry).
 __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std::int64_t b) {
-  return p.has_key_lengths ? p.key_lengths[b] : p.k_len;
+  if (!p.has_key_lengths) return p.k_len;
+  const std::int32_t n = p.key_lengths[b];
+  return n >= 0 && n <= p.k_len ? n : 0;
 }
 
 // Writes a finished row (or its split-K partial) from an unnormalised accumulator element.

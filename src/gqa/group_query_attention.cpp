@@ -270,7 +270,7 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
   // caches have been appended.
   std::vector<CoreCall> calls = core_calls(g, prepare_q ? q_prepared : g.query, q_elements, prepare_q);
   const AttentionConfig core_config{config.backend == Backend::Reference ? Backend::Reference : Backend::Cpu,
-                                    config.threads};
+                                    config.threads, config.plan};
   std::vector<Attention> ops;
   std::size_t scratch_bytes = 0;
   for (const CoreCall& c : calls) {
@@ -378,7 +378,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   auto plan_calls = [&](bool prepared, std::int64_t q_elements) {
     calls = core_calls(g, g.query, q_elements, prepared);
     plans.clear();
-    for (const CoreCall& c : calls) plans.push_back(cuda::plan(c.problem));
+    for (const CoreCall& c : calls) plans.push_back(cuda::plan(c.problem, config.plan));
   };
   cuda::QueryRotary rotary;  // its device positions are filled in below
   rotary.cos = g.cos_cache;
@@ -440,7 +440,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   calls = core_calls(g, prepare_q ? q_prepared : g.query, q_elements, prepare_q);
   for (CoreCall& c : calls) core::check_args(c.problem, c.args, 0);
 
-  std::byte* stage = device->stage(call_bytes);
+  std::byte* stage = device->stage(call_bytes, !config.plan.is_off("upload-kernel"));
   auto put = [&](int i, const void* src) {
     if (small_sizes[i] > 0) std::memcpy(stage + small_at[i], src, small_sizes[i]);
   };
@@ -532,6 +532,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   st.key_cache = key_cache;
   st.value_cache = value_cache;
   st.rows = d_rows;
+  st.vector_allowed = !config.plan.is_off("prepass-vector");
   cuda::launch_append(st, config.stream);
   if (rotate_in_core) {
     rotary.position_ids = d_positions;
@@ -564,6 +565,9 @@ GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const 
   impl_->attributes = attributes;
   impl_->settings = gqa::check_attributes(attributes);
   if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  if (!config.plan.empty()) {  // (checked by the attention op's rules)
+    (void)Attention(AttentionProblem::head_first(1, 1, 1, 1, 1, 1), AttentionConfig{Backend::Reference, 0, config.plan});
+  }
   if (config.backend == Backend::Cuda) {
     if (!cuda::available()) throw Error("config.backend", "no CUDA device is present (or this build has no CUDA backend)");
   }

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace attnkit::testing {
@@ -43,6 +44,11 @@ class CaseData {
   double scaled_error(const cpu::ReferenceResult& ref) const;
   // The same for the LSE output (absolute error, since LSE values are O(1) to O(log k_len)).
   double lse_error(const cpu::ReferenceResult& ref) const;
+
+  // The per-batch key lengths (empty without them), and new ones for the next reference (a test that rewrites
+  // the lengths a device run reads).
+  const std::vector<std::int32_t>& key_lengths() const { return key_lengths_; }
+  void set_key_lengths(std::vector<std::int32_t> lengths) { key_lengths_ = std::move(lengths); }
 
   // Estimated floating-point operations: 4 * B * H * visible (q, k) pairs * head_dim.
   double flops() const;

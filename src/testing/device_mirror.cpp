@@ -45,15 +45,19 @@ const void* DeviceMirror::upload(const void* host, std::int64_t bytes) {
 
 void DeviceMirror::run(Attention& op) { run(op, device_); }
 
-void DeviceMirror::run(Attention& op, const AttentionArgs& args) {
+void DeviceMirror::upload_outputs() {
   const std::int64_t e = element_bytes(data_.problem().dtype);
-  data_.poison_outputs();
   if (device_.o.data != nullptr) {
     cuda::copy_to_device(device_.o.data, host_.o.data, static_cast<std::size_t>(host_.o.elements * e));
   }
   if (device_.lse.data != nullptr) {
     cuda::copy_to_device(device_.lse.data, host_.lse.data, static_cast<std::size_t>(host_.lse.elements * 4));
   }
+}
+
+void DeviceMirror::run(Attention& op, const AttentionArgs& args) {
+  data_.poison_outputs();
+  upload_outputs();
   try {
     op.run(args);
   } catch (...) {

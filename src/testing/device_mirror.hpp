@@ -26,10 +26,13 @@ class DeviceMirror {
   void run(Attention& op, const AttentionArgs& args);
   // The device buffers, for callers that change one (a bad key length) or run a backend on them directly.
   AttentionArgs& device_args() { return device_; }
+  // The case's (poisoned) outputs up to the device, and the device's back (after waiting for the device): for a
+  // caller that runs the op itself (a CUDA graph's replay).
+  void upload_outputs();
+  void download();
 
  private:
   const void* upload(const void* host, std::int64_t bytes);
-  void download();
 
   CaseData& data_;
   AttentionArgs host_;

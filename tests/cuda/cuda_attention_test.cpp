@@ -27,10 +27,33 @@ bool have_gpu() {
 
 void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
-AttentionConfig cuda_config() {
+// The plan overrides every op of this binary runs with first: its `--plan=...` argument (PlanOverrides' text
+// form; scripts/gpu-check runs the binary so with the wgmma kernel everywhere and nowhere). "": none.
+std::string& forced_plan() {
+  static std::string plan;
+  return plan;
+}
+
+// The CUDA backend, with the binary's forced plan and then `plan` (PlanOverrides' text form; a later key wins).
+AttentionConfig cuda_config(const std::string& plan = "") {
   AttentionConfig c;
   c.backend = Backend::Cuda;
+  c.plan = parse_plan_overrides(forced_plan() + "," + plan);
   return c;
+}
+
+// Whether the device is a compute capability 9.0 part (the wgmma kernel's).
+bool hopper_device() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0 &&
+         forced_plan().empty();
+}
+
+// Whether `op`'s plan runs on kernel `name` (of plan_kernel_names()): a forced kernel runs only where it
+// accepts the problem.
+bool runs_on(const Attention& op, const std::string& name) {
+  const std::string shown = name == "mma" ? "tensor-core" : name;
+  return op.describe().rfind("cuda." + shown + " ", 0) == 0;
 }
 
 // `op` run again, and its problem run cut into one-block launches by the work budget, give `first`'s bytes.
@@ -44,24 +67,37 @@ void expect_rerun_and_cut_equal(CaseData& data, DeviceMirror& dev, Attention& op
   EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
 }
 
-TEST(CudaAttention, EveryCaseMatchesTheReference) {
+// Every case on the plan's kernel and on every other kernel of the registry that accepts it (forced through the
+// plan overrides): each against the reference, the gaps untouched.
+TEST(CudaAttention, EveryCaseMatchesTheReferenceOnEveryKernel) {
   SKIP_WITHOUT_GPU();
   for (const CaseSpec& spec : load_cases()) {
     for (DType t : spec.dtypes) {
       SCOPED_TRACE(spec.file + ": " + spec.name + " " + std::string(dtype_name(t)));
       CaseData data(spec, t, 20261129);
       const auto ref = data.reference();
-      Attention op(data.problem(), cuda_config());
       DeviceMirror dev(data);
-      dev.run(op);
-      const double err = data.scaled_error(ref);
-      std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(), err,
-                  tolerance(t), op.describe().c_str());
-      EXPECT_LE(err, tolerance(t));
-      // The LSE is a float32 output, but half/bfloat16 kernels sum probabilities rounded to the element type
-      // (so numerator and denominator agree), which moves it by about the element type's rounding.
-      EXPECT_LE(data.lse_error(ref), t == DType::f32 ? 1e-5 : tolerance(t));
-      EXPECT_TRUE(data.gaps_untouched());
+      std::vector<std::string> plans{""};
+      for (const std::string& k : plan_kernel_names()) plans.push_back("kernel=" + k);
+      std::vector<std::string> seen;
+      for (const std::string& plan : plans) {
+        Attention op(data.problem(), cuda_config(plan));
+        const std::string kernel = op.describe().substr(0, op.describe().find(' '));
+        if (!plan.empty() && (!runs_on(op, plan.substr(7)) ||
+                              std::find(seen.begin(), seen.end(), kernel) != seen.end())) {
+          continue;  // (the kernel declines the problem, or ran already as the plan's choice)
+        }
+        seen.push_back(kernel);
+        dev.run(op);
+        const double err = data.scaled_error(ref);
+        std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(),
+                    err, tolerance(t), op.describe().c_str());
+        EXPECT_LE(err, tolerance(t)) << op.describe();
+        // The LSE is a float32 output, but half/bfloat16 kernels sum probabilities rounded to the element type
+        // (so numerator and denominator agree), which moves it by about the element type's rounding.
+        EXPECT_LE(data.lse_error(ref), t == DType::f32 ? 1e-5 : tolerance(t)) << op.describe();
+        EXPECT_TRUE(data.gaps_untouched()) << op.describe();
+      }
     }
   }
 }
@@ -90,7 +126,7 @@ TEST(CudaAttention, DeterministicAndCutEqualsWhole) {
 }
 
 // On sm_90 the mma.sync kernel merges a split's ranges inside a thread-block cluster (CudaPlan::cluster_merge):
-// the merge pass's bytes (ATTNKIT_CUDA_CLUSTER=0; ATTNKIT_CUDA_SPLITS gives both the same ranges: 4 over 448 keys
+// the merge pass's bytes (off=cluster; splits= gives both the same ranges: 4 over 448 keys
 // in granules of 64, 6 over 1000, 16 over 1024), against the reference with the LSE and the gaps untouched, and
 // the same bytes again when cut into one-cluster launches.
 // Shapes: Whisper's decoder step (causal, its query sees every key: the plain build on sm_90), and GQA rows (several per block, folded by different blocks of a cluster) with
@@ -120,12 +156,9 @@ TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
       CaseData data(spec, t, 53);
       const auto ref = data.reference();
       DeviceMirror dev(data);
-      setenv("ATTNKIT_CUDA_KERNEL", "mma", 1);
-      setenv("ATTNKIT_CUDA_SPLITS", s.splits, 1);
-      Attention clustered(data.problem(), cuda_config());
-      setenv("ATTNKIT_CUDA_CLUSTER", "0", 1);
-      Attention merged(data.problem(), cuda_config());
-      unsetenv("ATTNKIT_CUDA_CLUSTER");
+      const std::string forced = std::string("kernel=mma,splits=") + s.splits;
+      Attention clustered(data.problem(), cuda_config(forced));
+      Attention merged(data.problem(), cuda_config(forced + ",off=cluster"));
       const std::string kernel = clustered.describe();
       if (prop.major == 9 && prop.minor == 0) {
         EXPECT_NE(kernel.find("split-k"), std::string::npos) << kernel;
@@ -140,14 +173,12 @@ TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
       expect_rerun_and_cut_equal(data, dev, clustered, first);
       dev.run(merged);
       EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << merged.describe();
-      unsetenv("ATTNKIT_CUDA_SPLITS");
-      unsetenv("ATTNKIT_CUDA_KERNEL");
     }
   }
 }
 
 // The tile kernels' plain build (CudaPlan::plain: no mask, rule, softcap, sink or split compiled in) gives the
-// bits of their general build (ATTNKIT_CUDA_PLAIN=0) on plain problems: partial tiles, padded row blocks, GQA,
+// bits of their general build (off=plain) on plain problems: partial tiles, padded row blocks, GQA,
 // a layout with gaps, one key, and the LSE; both against the reference, the gaps untouched. (The wgmma plain
 // build takes Q by TMA where a block's rows (64 at head dim 64, else 128) are a multiple of the group and by
 // cp.async elsewhere; the general build always by cp.async.)
@@ -179,7 +210,6 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
                    std::string(dtype_name(t)));
       CaseData data(spec, t, 31);
       DeviceMirror dev(data);
-      unsetenv("ATTNKIT_CUDA_PLAIN");
       Attention plain(data.problem(), cuda_config());
       const std::string kernel = plain.describe();
       const bool tiles = kernel.find("wgmma") != std::string::npos || kernel.find("tensor-core") != std::string::npos;
@@ -195,9 +225,7 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
       const auto plain_bytes = data.output_bytes();
       EXPECT_LE(data.scaled_error(data.reference()), tolerance(t)) << kernel;
       EXPECT_TRUE(data.gaps_untouched());
-      setenv("ATTNKIT_CUDA_PLAIN", "0", 1);
-      Attention general(data.problem(), cuda_config());
-      unsetenv("ATTNKIT_CUDA_PLAIN");
+      Attention general(data.problem(), cuda_config("off=plain"));
       EXPECT_EQ(general.describe().find("plain"), std::string::npos) << general.describe();
       dev.run(general);
       EXPECT_EQ(plain_bytes, data.output_bytes()) << kernel << " against " << general.describe();
@@ -209,18 +237,14 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
 // and a full enough last round (CudaPlan::persistent_places): each block runs several units of work, its K/V ring
 // and Q barrier carrying on
 // from one to the next. Against the reference (O, the LSE, the gaps untouched), and the same bytes as one block
-// per unit (ATTNKIT_CUDA_PERSISTENT=0), as a grid of 7 blocks and as the call cut into launches of 450 blocks,
+// per unit (off=persistent), as a grid of 7 blocks and as the call cut into launches of 450 blocks,
 // each persistent again.
 // Shapes (on 396 places): 768 units of 3 tiles (the last partial); group 8 with padded last row blocks, 1,120
 // units (two or three per block); 5 tiles per unit, so that consecutive units start on different slots of the
 // ring.
 TEST(CudaAttention, PersistentGridGivesOneBlockPerUnitsBits) {
   SKIP_WITHOUT_GPU();
-  int device = 0;
-  check(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device));
-  const bool hopper = prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr;
+  const bool hopper = hopper_device();
   struct Shape { std::int64_t batch, heads, kv, q, k; LayoutKind layout; };
   for (const Shape s : {Shape{8, 12, 12, 512, 300, LayoutKind::HeadFirst},
                         Shape{4, 32, 4, 555, 257, LayoutKind::PositionsFirst},
@@ -242,15 +266,11 @@ TEST(CudaAttention, PersistentGridGivesOneBlockPerUnitsBits) {
       EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
       EXPECT_TRUE(data.gaps_untouched());
       const auto first = data.output_bytes();
-      setenv("ATTNKIT_CUDA_PERSISTENT", "0", 1);
-      Attention one_per_unit(data.problem(), cuda_config());
-      unsetenv("ATTNKIT_CUDA_PERSISTENT");
+      Attention one_per_unit(data.problem(), cuda_config("off=persistent"));
       EXPECT_EQ(one_per_unit.describe().find("persistent"), std::string::npos) << one_per_unit.describe();
       dev.run(one_per_unit);
       EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << one_per_unit.describe();
-      setenv("ATTNKIT_CUDA_PERSISTENT", "7", 1);  // a grid of 7 blocks: over a hundred units each
-      Attention seven(data.problem(), cuda_config());
-      unsetenv("ATTNKIT_CUDA_PERSISTENT");
+      Attention seven(data.problem(), cuda_config("persistent=7"));  // a grid of 7 blocks: over a hundred units each
       if (hopper) EXPECT_NE(seven.describe().find("persistent grid of 7"), std::string::npos) << seven.describe();
       dev.run(seven);
       EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << seven.describe();
@@ -284,9 +304,7 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     DeviceMirror dev(data);
     Attention op(data.problem(), cuda_config());
     const std::string kernel = op.describe();
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, device));
-    if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+    if (hopper_device()) {
       EXPECT_NE(kernel.find("tail of " + std::to_string(tail) + " row blocks in 3 x 256 keys"),
                 std::string::npos)
           << kernel;
@@ -297,9 +315,7 @@ TEST(CudaAttention, SplitTailMatchesTheReferenceAndCutsEqualWhole) {
     EXPECT_TRUE(data.gaps_untouched());
     const auto first = data.output_bytes();
     expect_rerun_and_cut_equal(data, dev, op, first);
-    setenv("ATTNKIT_CUDA_TAIL", "0", 1);
-    Attention whole(data.problem(), cuda_config());
-    unsetenv("ATTNKIT_CUDA_TAIL");
+    Attention whole(data.problem(), cuda_config("off=tail"));
     EXPECT_EQ(whole.describe().find("tail"), std::string::npos) << whole.describe();
     dev.run(whole);
     EXPECT_LE(data.scaled_error(ref), tolerance(t)) << whole.describe();
@@ -326,7 +342,7 @@ TEST(CudaAttention, LargePrefillTakesTheHopperKernelAndMatches) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " d " + std::to_string(d));
       CaseData data(spec, t, 5);
       Attention op(data.problem(), cuda_config());
-      if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+      if (prop.major == 9 && prop.minor == 0 && forced_plan().empty()) {
         EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
       }
       DeviceMirror dev(data);
@@ -352,7 +368,7 @@ TEST(CudaAttention, LongDecodeTakesTheHopperKernelAndMatches) {
     SCOPED_TRACE(dtype_name(t));
     CaseData data(spec, t, 7);
     Attention op(data.problem(), cuda_config());
-    if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr) {
+    if (prop.major == 9 && prop.minor == 0 && forced_plan().empty()) {
       EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
       EXPECT_NE(op.describe().find("split-k"), std::string::npos) << op.describe();
     }
@@ -373,9 +389,7 @@ TEST(CudaAttention, Float32OnTensorCoresKeepsFloat32AccuracyOverLongKeys) {
   spec.causal = true; spec.lse = true;
   CaseData data(spec, DType::f32, 13);
   Attention op(data.problem(), cuda_config());
-  if (std::getenv("ATTNKIT_CUDA_TF32") == nullptr && std::getenv("ATTNKIT_CUDA_KERNEL") == nullptr) {
-    EXPECT_NE(op.describe().find("tf32"), std::string::npos) << op.describe();
-  }
+  if (forced_plan().empty()) EXPECT_NE(op.describe().find("tf32"), std::string::npos) << op.describe();
   DeviceMirror dev(data);
   dev.run(op);
   EXPECT_LE(data.scaled_error(data.reference()), 1e-5) << op.describe();
@@ -396,54 +410,110 @@ TEST(CudaAttention, SplitKIsUsedForDecodeAndMatches) {
   EXPECT_LE(data.scaled_error(data.reference()), 1e-5);
 }
 
-TEST(CudaAttention, BadKeyLengthOnDeviceIsRejectedAndNothingWritten) {
+// A key length on the device is never read back (no host synchronisation): one outside [0, k_len] hides every
+// key of its batch entry (masked rows: NaN, or zeros under MaskedRows::Zero), the other entries are the reference's,
+// and the status word names the first bad entry (-1 when none is bad). Captured in a CUDA graph in the strict
+// (global) mode and replayed with new lengths written into the same buffer, it gives the eager call's bytes.
+TEST(CudaAttention, OutOfRangeDeviceKeyLengthHidesItsEntryAndIsReported) {
   SKIP_WITHOUT_GPU();
-  CaseSpec spec;
-  spec.name = "bad";
-  spec.batch = 3; spec.heads = 2; spec.q_len = 5; spec.k_len = 50; spec.head_dim = 16;
-  spec.key_lengths = KeyLengths::Random;
-  CaseData data(spec, DType::f32, 3);
-  Attention op(data.problem(), cuda_config());
-  DeviceMirror dev(data);
-  const std::int32_t bad = 51;
-  auto* lengths = static_cast<std::int32_t*>(const_cast<void*>(dev.device_args().key_lengths.data));
-  ASSERT_EQ(cudaMemcpy(lengths + 1, &bad, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const auto before = data.output_bytes();
-  try {
-    dev.run(op);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "key_lengths[1]");
-    EXPECT_NE(std::string(e.what()).find("51"), std::string::npos) << e.what();
+  for (const MaskedRows masked : {MaskedRows::Nan, MaskedRows::Zero}) {
+    CaseSpec spec;
+    spec.name = "bad length";
+    spec.batch = 3; spec.heads = 4; spec.kv_heads = 2; spec.q_len = 5; spec.k_len = 300; spec.head_dim = 64;
+    spec.key_lengths = KeyLengths::Random;
+    spec.masked_rows = masked;
+    CaseData data(spec, DType::f16, 3);
+    AttentionProblem problem = data.problem();
+    Attention op(problem, cuda_config());
+    DeviceMirror dev(data);
+    auto* lengths = static_cast<std::int32_t*>(const_cast<void*>(dev.device_args().key_lengths.data));
+    int* status = nullptr;
+    check(cudaMalloc(&status, sizeof(int)));
+    AttentionArgs args = dev.device_args();
+    args.status = {status, 1};
+    const std::int32_t bad = 301;
+    check(cudaMemcpy(lengths + 1, &bad, 4, cudaMemcpyHostToDevice));
+    dev.run(op, args);
+    int reported = 0;
+    check(cudaMemcpy(&reported, status, sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(reported, 1);
+    const auto bad_bytes = data.output_bytes();
+    // Entry 1 with length 0 is what the kernels computed for it; entries 0 and 2 are untouched by the bad one.
+    std::vector<std::int32_t> host_lengths = data.key_lengths();
+    host_lengths[1] = 0;
+    check(cudaMemcpy(lengths, host_lengths.data(), 4 * host_lengths.size(), cudaMemcpyHostToDevice));
+    data.set_key_lengths(host_lengths);
+    dev.run(op, args);
+    check(cudaMemcpy(&reported, status, sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(reported, -1);
+    EXPECT_EQ(bad_bytes, data.output_bytes());
+    EXPECT_LE(data.scaled_error(data.reference()), tolerance(DType::f16));
+    check(cudaFree(status));
   }
-  EXPECT_EQ(before, data.output_bytes()) << "output was written";
 }
 
-TEST(CudaAttention, HostPointersOnTheCpuBackendAndDevicePointersRejectedThere) {
+// The whole call, key-length check included, captures in a CUDA graph in the strict (global) capture mode with
+// caller scratch, and a replay after new lengths are written into the same buffer gives the eager call's bytes.
+TEST(CudaAttention, DeviceKeyLengthsCaptureInAStrictGraph) {
   SKIP_WITHOUT_GPU();
   CaseSpec spec;
-  spec.name = "where";
-  spec.q_len = 4; spec.k_len = 8; spec.head_dim = 8;
-  CaseData data(spec, DType::f32, 5);
+  spec.name = "graph";
+  spec.batch = 8; spec.heads = 32; spec.kv_heads = 8; spec.q_len = 1; spec.k_len = 5000; spec.head_dim = 128;
+  spec.causal = true; spec.key_lengths = KeyLengths::Random;
+  CaseData data(spec, DType::bf16, 17);
+  Attention op(data.problem(), cuda_config());
   DeviceMirror dev(data);
-  Attention cpu(data.problem());
-  try {
-    cpu.run(dev.device_args());
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "q");
-  }
-  // And the other way round: host memory on the CUDA backend is refused by name before any kernel runs.
-  Attention gpu(data.problem(), AttentionConfig{Backend::Cuda, 0});
-  AttentionArgs host_q = dev.device_args();
-  host_q.q.data = data.args().q.data;
-  try {
-    gpu.run(host_q);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "q");
-  }
+  void* scratch = nullptr;
+  check(cudaMalloc(&scratch, std::max<std::size_t>(op.scratch_bytes(), 1)));
+  AttentionArgs args = dev.device_args();
+  args.scratch = scratch;
+  args.scratch_bytes = op.scratch_bytes();
+  cudaStream_t stream{};
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  args.stream = stream;
+  dev.run(op, args);  // eager, first lengths
+  const auto eager_first = data.output_bytes();
+  cudaGraph_t graph{};
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  op.run(args);
+  check(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec{};
+  check(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<std::int32_t> lengths = data.key_lengths();
+  for (auto& n : lengths) n = std::max(1, static_cast<int>(spec.k_len) - n);  // new lengths, same buffer
+  auto* device_lengths = static_cast<std::int32_t*>(const_cast<void*>(args.key_lengths.data));
+  check(cudaMemcpy(device_lengths, lengths.data(), 4 * lengths.size(), cudaMemcpyHostToDevice));
+  data.set_key_lengths(lengths);
+  dev.run(op, args);  // eager, new lengths (DeviceMirror poisons and fetches the output)
+  const auto eager_second = data.output_bytes();
+  EXPECT_NE(eager_first, eager_second);
+  EXPECT_LE(data.scaled_error(data.reference()), tolerance(DType::bf16));
+  data.poison_outputs();
+  dev.upload_outputs();
+  check(cudaGraphLaunch(exec, stream));
+  check(cudaStreamSynchronize(stream));
+  dev.download();
+  EXPECT_EQ(eager_second, data.output_bytes()) << "graph replay differs from the eager call";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  check(cudaFree(scratch));
 }
 
 }  // namespace
 }  // namespace attnkit::testing
+
+// `--plan=<overrides>` (after GoogleTest's own flags): every op of the binary runs with them first.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--plan=", 0) == 0) {
+      attnkit::testing::forced_plan() = arg.substr(7);
+    } else {
+      std::fprintf(stderr, "unknown argument %s (--plan=<overrides>)\n", argv[i]);
+      return 2;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -80,7 +80,15 @@ struct DeviceCall {
   }
 };
 
-GqaConfig cuda_config() { return GqaConfig{Backend::Cuda, 0, nullptr}; }
+// The plan overrides every GPU op of this binary runs with: its `--plan=...` argument (PlanOverrides' text
+// form; scripts/gpu-check runs the binary once per kernel family), "" for the plan's own choices.
+std::string& forced_plan() {
+  static std::string plan;
+  return plan;
+}
+GqaConfig cuda_config(void* stream = nullptr) {
+  return GqaConfig{Backend::Cuda, 0, stream, parse_plan_overrides(forced_plan())};
+}
 
 
 // Runs one call on the GPU and checks everything it wrote against the reference. Returns false (and checks
@@ -321,7 +329,7 @@ TEST(CudaGqa, DecodeStepCapturesIntoACudaGraph) {
   DeviceCall d(c);
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  GroupQueryAttention op(c.attrs, GqaConfig{Backend::Cuda, 0, stream});
+  GroupQueryAttention op(c.attrs, cuda_config(stream));
   ASSERT_NO_THROW(op.run(d.inputs(), d.outputs()));  // eager (the same step again rewrites the same cache row)
   d.fetch();
   const std::vector<std::byte> eager = c.output;
@@ -354,8 +362,7 @@ void expect_gpu_matches_cpu(const GqaOptions& o, const std::string& plan_has) {
   cpu_op.run(cpu.inputs(), cpu.outputs());
   ASSERT_NO_THROW(gpu_op.run(d.inputs(), d.outputs()));
   d.fetch();
-  if (prop.major == 9 && prop.minor == 0 && std::getenv("ATTNKIT_CUDA_WGMMA") == nullptr &&
-      std::getenv("ATTNKIT_CUDA_KERNEL") == nullptr) {
+  if (prop.major == 9 && prop.minor == 0 && forced_plan().empty()) {
     EXPECT_NE(gpu_op.describe().find(plan_has), std::string::npos) << gpu_op.describe();
   }
   double diff = 0, top = 0;
@@ -370,7 +377,7 @@ void expect_gpu_matches_cpu(const GqaOptions& o, const std::string& plan_has) {
 }
 
 // Decode steps over long caches: float16 / bfloat16 ones stream through the Hopper kernel (compute capability
-// 9.0), quantized ones through the decode-mma kernel (keys on the MMA's M side; with ATTNKIT_CUDA_WGMMA=all,
+// 9.0), quantized ones through the decode-mma kernel (keys on the MMA's M side; with --plan=kernel=wgmma,
 // through the Hopper kernel's raw-tile ring): every cache kind, both element types, head sizes 64 and 128.
 TEST(CudaGqa, LongCacheDecodeTakesTheStreamingKernelsAndMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
@@ -506,3 +513,18 @@ TEST(CudaGqa, BadInputWritesNothing) {
 
 }  // namespace
 }  // namespace attnkit::test
+
+// `--plan=<overrides>` (after GoogleTest's own flags): every GPU op of the binary runs with them.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--plan=", 0) == 0) {
+      attnkit::test::forced_plan() = arg.substr(7);
+    } else {
+      std::fprintf(stderr, "unknown argument %s (--plan=<overrides>)\n", argv[i]);
+      return 2;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -4,13 +4,20 @@
 // 32 and 64, 2 wgmma blocks at head dim 64 (3 in the build of three per SM) and 1 above); the describe() strings
 // of several of them were read off the H200 (bench/results/).
 #include <cuda/cuda_plan.hpp>
+#include <cuda/config/tile_table.hpp>
 
 #include "core/problem_check.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 namespace attnkit::test {
 namespace {
@@ -44,9 +51,11 @@ AttentionProblem masked_encoder(std::int64_t head_dim) {
   return core::normalize_and_check(p);
 }
 
-CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special = true) {
-  return cuda::plan_for(p, allow_special, h200(p.head_dim, sm90));
+CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special = true,
+                 const std::string& overrides = "") {
+  return cuda::plan_for(p, allow_special, h200(p.head_dim, sm90), parse_plan_overrides(overrides));
 }
+CudaPlan plan_of(const AttentionProblem& p, const std::string& overrides) { return plan_of(p, true, true, overrides); }
 
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
@@ -109,16 +118,12 @@ TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
   // (the partials' scratch stays: a run whose pointers send it to the SIMT kernel takes the merge pass)
   EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
   // A split past 16 ranges: the merge pass.
-  setenv("ATTNKIT_CUDA_SPLITS", "32", 1);
-  const CudaPlan many = plan_of(shape(1, 12, 12, 1, 2048, 64, false));
-  unsetenv("ATTNKIT_CUDA_SPLITS");
+  const CudaPlan many = plan_of(shape(1, 12, 12, 1, 2048, 64, false), "splits=32");
   EXPECT_EQ(many.splits, 32);
   EXPECT_FALSE(many.cluster_merge);
   // Elsewhere, or switched off, the merge pass over the same ranges.
   for (const bool sm90 : {false, true}) {
-    if (sm90) setenv("ATTNKIT_CUDA_CLUSTER", "0", 1);
-    const CudaPlan merged = plan_of(shape(1, 12, 12, 1, 1500, 64, false), sm90);
-    unsetenv("ATTNKIT_CUDA_CLUSTER");
+    const CudaPlan merged = plan_of(shape(1, 12, 12, 1, 1500, 64, false), sm90, true, sm90 ? "off=cluster" : "");
     EXPECT_EQ(merged.kernel, Kernel::TensorCore);
     EXPECT_FALSE(merged.cluster_merge);
     EXPECT_EQ(merged.splits, 12);
@@ -167,7 +172,7 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
 
 // Head dim 64: every problem whose rows see every key with the scale in the exponent runs three blocks per SM
 // (128-key tiles, one at a time), in the plain build or the general one, however many rounds its grid is; causal
-// shapes, a mask, key lengths, a split and ATTNKIT_CUDA_THREE=0 keep two.
+// shapes, a mask, key lengths, a split and off=three keep two.
 TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
@@ -188,13 +193,11 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 128, false)).three_per_sm) << "head dim 128";
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).three_per_sm) << "mma.sync";
   // The general build takes it too (the plain and general builds give the same bits at the same tiles).
-  setenv("ATTNKIT_CUDA_PLAIN", "0", 1);
-  const CudaPlan general = plan_of(shape(8, 12, 12, 512, 512, 64, false));
-  unsetenv("ATTNKIT_CUDA_PLAIN");
+  const CudaPlan general = plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=plain");
   EXPECT_TRUE(general.three_per_sm);
   EXPECT_FALSE(general.plain);
   // The plain build runs a persistent grid of the places where its last round is whole or two thirds full; one
-  // round, a last round less full, the general build and ATTNKIT_CUDA_PERSISTENT=0 run one block per unit.
+  // round, a last round less full, the general build and off=persistent run one block per unit.
   EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).persistent_places, 396) << "768 blocks";
   EXPECT_EQ(plan_of(shape(12, 16, 16, 512, 512, 64, false)).persistent_places, 396) << "1,536 blocks";
   EXPECT_EQ(plan_of(shape(9, 11, 11, 512, 512, 64, false)).persistent_places, 396) << "792 blocks: two rounds";
@@ -203,20 +206,16 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_EQ(plan_of(shape(10, 16, 16, 512, 512, 64, false)).persistent_places, 0) << "1,280 blocks: 92 last";
   EXPECT_EQ(general.persistent_places, 0);
   EXPECT_EQ(long_keys.persistent_places, 0);
-  setenv("ATTNKIT_CUDA_PERSISTENT", "0", 1);
-  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).persistent_places, 0);
-  setenv("ATTNKIT_CUDA_PERSISTENT", "5", 1);  // (tests: a grid of 5 wherever the plain build of three runs)
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false)).persistent_places, 5);
-  unsetenv("ATTNKIT_CUDA_PERSISTENT");
-  setenv("ATTNKIT_CUDA_THREE", "0", 1);
-  const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false));
-  unsetenv("ATTNKIT_CUDA_THREE");
+  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=persistent").persistent_places, 0);
+  // (tests: a grid of 5 wherever the plain build of three runs)
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false), "persistent=5").persistent_places, 5);
+  const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=three");
   EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain");
 }
 
 // A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder at head
 // dim 128: 144 row blocks of 12 tiles, one per SM on 132 SMs); a tail of half the places or more, a short key
-// range, a grid of one wave, three blocks per SM, the general build and ATTNKIT_CUDA_TAIL=0 do not.
+// range, a grid of one wave, three blocks per SM, the general build and off=tail do not.
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
   EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167312 B shared, 132 SMs, plain, "
@@ -231,9 +230,7 @@ TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
   EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, true)).tail_pieces, 0) << "causal: the general build";
-  setenv("ATTNKIT_CUDA_TAIL", "0", 1);
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, false)).tail_pieces, 0);
-  unsetenv("ATTNKIT_CUDA_TAIL");
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, false), "off=tail").tail_pieces, 0);
 }
 
 TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
@@ -258,6 +255,141 @@ TEST(CudaPlan, WithoutHopperOrAlignedPointersTheMmaKernelRuns) {
   EXPECT_EQ(few.kernel, Kernel::TensorCore);
   EXPECT_EQ(few.splits, 8);
   EXPECT_EQ(few.split_keys, 512);
+}
+
+
+// ---- head dims: the tile table and the plan's choice at every head dim (no GPU needed) ----
+
+std::vector<std::int64_t> every_head_dim() {
+  std::vector<std::int64_t> dims;
+  for (std::int64_t d = 1; d <= 256; ++d) dims.push_back(d);
+  return dims;
+}
+
+// float16 / bfloat16 run on tensor cores at every head dim and V dim, on an sm_90 and an sm_80 device; float32
+// runs the TF32 kernel up to 128 and the SIMT kernel (saying why) above.
+TEST(CudaPlan, EveryHeadDimRunsOnTensorCores) {
+  for (const bool sm90 : {true, false}) {
+    for (const std::int64_t d : every_head_dim()) {
+      for (const std::int64_t dv : {d, std::int64_t{64}, std::int64_t{128}, std::int64_t{256}}) {
+        for (const DType t : {DType::f16, DType::bf16, DType::f32}) {
+          AttentionProblem p = AttentionProblem::positions_first(4, 16, 16, 2048, 2048, d, t);
+          p.v_head_dim = dv;
+          p.v = Layout::positions_first(16, 2048, dv);
+          p.o = Layout::positions_first(16, 2048, dv);
+          const CudaPlan plan = plan_of(core::normalize_and_check(p), sm90);
+          SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv) + " " + std::string(dtype_name(t)) +
+                       (sm90 ? " sm_90" : " sm_80") + ": " + cuda::describe(plan));
+          if (t == DType::f32 && std::max(d, dv) > 128) {
+            EXPECT_EQ(plan.kernel, Kernel::Simt);
+            EXPECT_NE(cuda::describe(plan).find("float32 above head dim 128"), std::string::npos);
+          } else if (t == DType::f32) {
+            EXPECT_EQ(plan.kernel, Kernel::Tf32);
+          } else {
+            EXPECT_TRUE(plan.kernel == Kernel::TensorCore || plan.kernel == Kernel::Warpgroup);
+            if (!sm90) EXPECT_EQ(plan.kernel, Kernel::TensorCore);
+          }
+          EXPECT_TRUE(plan.simt_reason.empty() == (plan.kernel != Kernel::Simt));
+        }
+      }
+    }
+  }
+}
+
+// A problem takes the smallest built bucket that holds it; (192, 128) has its own instance.
+TEST(CudaPlan, HeadDimsTakeTheSmallestBucketThatHoldsThem) {
+  using cuda::HeadDimBucket;
+  using cuda::mma_bucket;
+  EXPECT_EQ(mma_bucket(1, 1), (HeadDimBucket{32, 32}));
+  EXPECT_EQ(mma_bucket(40, 40), (HeadDimBucket{64, 64}));
+  EXPECT_EQ(mma_bucket(80, 80), (HeadDimBucket{96, 96}));
+  EXPECT_EQ(mma_bucket(112, 112), (HeadDimBucket{128, 128}));
+  EXPECT_EQ(mma_bucket(160, 160), (HeadDimBucket{160, 160}));
+  EXPECT_EQ(mma_bucket(192, 128), (HeadDimBucket{192, 128}));
+  EXPECT_EQ(mma_bucket(180, 100), (HeadDimBucket{192, 128}));
+  EXPECT_EQ(mma_bucket(64, 192), (HeadDimBucket{192, 192}));
+  EXPECT_EQ(mma_bucket(255, 1), (HeadDimBucket{256, 256}));
+  EXPECT_FALSE(mma_bucket(257, 64).valid());
+  for (const std::int64_t d : every_head_dim()) {
+    for (const std::int64_t dv : every_head_dim()) {
+      const HeadDimBucket b = mma_bucket(d, dv);
+      ASSERT_TRUE(b.valid()) << d << " " << dv;
+      EXPECT_GE(b.qk, d);
+      EXPECT_GE(b.v, dv);
+    }
+  }
+  EXPECT_EQ(cuda::tf32_bucket(33, 20), (HeadDimBucket{64, 64}));
+  EXPECT_EQ(cuda::tf32_bucket(100, 128), (HeadDimBucket{128, 128}));
+  EXPECT_FALSE(cuda::tf32_bucket(129, 8).valid());
+}
+
+// The tile table's invariants: every built bucket's block fits sm_80's shared memory (the smaller opt-in), two
+// blocks of it fit an H100 / H200 SM where the bucket is at most 128 wide, its rows and keys are whole MMA
+// tiles, and the padded pitches leave ldmatrix conflict-free (an odd number of 16-byte chunks per row).
+TEST(CudaPlan, TileTableInvariants) {
+  using cuda::HeadDimBucket;
+  std::vector<HeadDimBucket> built;
+  for (const int d : cuda::kMmaBucketDims) built.push_back({d, d});
+  for (const HeadDimBucket b : cuda::kMmaUnequalBuckets) built.push_back(b);
+  for (const HeadDimBucket b : built) {
+    SCOPED_TRACE(std::to_string(b.qk) + ", " + std::to_string(b.v));
+    EXPECT_EQ(b.qk % 16, 0) << "k-steps of 16";
+    EXPECT_EQ(b.v % 32, 0) << "the cluster merge's columns per lane";
+    const int keys = cuda::mma_tile_keys(b);
+    EXPECT_EQ(keys % 16, 0) << "P V's k-steps of 16 keys";
+    EXPECT_EQ(64 % keys == 0 || keys % 64 == 0, true) << "the split granule (64 keys) holds whole tiles";
+    EXPECT_EQ(cuda::kMmaRows % 16, 0);
+    for (const int w : {b.qk, b.v}) {
+      const int chunks = cuda::smem_pitch(w) / 8;
+      EXPECT_GE(cuda::smem_pitch(w), w);
+      EXPECT_TRUE(cuda::is_power_of_two(w / 8) || chunks % 2 == 1) << "width " << w;
+    }
+    for (const int elem : {2}) {
+      const std::size_t float_kv = cuda::mma_smem_bytes_for(b, elem, 2, 0);
+      EXPECT_LE(float_kv, cuda::kSm80SmemOptin);
+      if (b.v <= 128 && b.qk <= 128) EXPECT_LE(2 * float_kv, std::size_t{228} * 1024) << "two blocks per SM";
+    }
+  }
+  for (const int d : cuda::kTf32BucketDims) {
+    EXPECT_LE(cuda::tf32_smem_bytes_for({d, d}), cuda::kSm80SmemOptin);
+    EXPECT_EQ(d % 8, 0);
+  }
+}
+
+// The registry's names are the public plan_kernel_names(), in order, and a forced kernel runs only where it
+// accepts the problem (else the plan's own choice runs).
+TEST(CudaPlan, RegistryNamesAndForcedKernels) {
+  EXPECT_EQ(cuda::registry_kernel_names(), plan_kernel_names());
+  const AttentionProblem bert = shape(8, 12, 12, 512, 512, 64, false);
+  EXPECT_EQ(plan_of(bert, "kernel=mma").kernel, Kernel::TensorCore);
+  EXPECT_EQ(plan_of(bert, "kernel=simt").kernel, Kernel::Simt);
+  EXPECT_EQ(plan_of(bert, "kernel=tf32").kernel, plan_of(bert).kernel) << "tf32 declines float16";
+  const auto accepting = cuda::accepting_kernels(bert, h200(64));
+  EXPECT_NE(std::find(accepting.begin(), accepting.end(), "wgmma"), accepting.end());
+  EXPECT_EQ(std::find(accepting.begin(), accepting.end(), "tf32"), accepting.end());
+  EXPECT_THROW(parse_plan_overrides("kernel=fast"), Error);
+  EXPECT_THROW(parse_plan_overrides("off=plain+turbo"), Error);
+  EXPECT_THROW(parse_plan_overrides("splits=-1"), Error);
+  EXPECT_THROW(parse_plan_overrides("colour=red"), Error);
+  const PlanOverrides o = parse_plan_overrides("kernel=wgmma,splits=3,off=plain+cluster,persistent=7,heavy_group=2");
+  EXPECT_EQ(o.to_string(), "kernel=wgmma,splits=3,off=plain+cluster,persistent=7,heavy_group=2");
+  EXPECT_TRUE(o.is_off("cluster"));
+  EXPECT_FALSE(o.is_off("tail"));
+}
+
+// No environment variable steers the library: no getenv in the library's sources (src/ but for the test-data
+// reader in src/testing, which finds the case files).
+TEST(CudaPlan, NoEnvironmentVariableSteersTheLibrary) {
+  namespace fs = std::filesystem;
+  int files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(fs::path(ATTNKIT_SOURCE_DIR) / "src")) {
+    if (!entry.is_regular_file() || entry.path().string().find("/src/testing/") != std::string::npos) continue;
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ++files;
+    EXPECT_EQ(text.find("getenv"), std::string::npos) << entry.path();
+  }
+  EXPECT_GT(files, 50);
 }
 
 }  // namespace

@@ -1,0 +1,126 @@
+// The tile table of the tensor-core kernels: which head-dim buckets each is built for and the tile of each
+// bucket (rows per block, keys per tile, shared-memory pitch and size), as constexpr functions that the host plan,
+// the kernels and the tests all read, so the three cannot disagree.
+//
+// Head dims are buckets: a kernel is built for a bucket (DQK for Q and K, DV for V and O) and told the real dims
+// at run time. Columns past a real dim are zero on load (copies of zero source bytes) and never stored, so a
+// problem runs on the smallest built bucket pair that holds it. Adding a head dim is one entry of a bucket list.
+// Host and device code (no CUDA types; C++17, as nvcc builds it), so the plan's tests run without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attnkit::cuda {
+
+// The Q/K and V widths a kernel instance is built for; qk == 0: none.
+struct HeadDimBucket {
+  int qk = 0;
+  int v = 0;
+  constexpr bool valid() const { return qk > 0; }
+  constexpr bool operator==(const HeadDimBucket& o) const { return qk == o.qk && v == o.v; }
+};
+
+constexpr bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// ---- mma.sync (sm_80+, float16 / bfloat16) ----
+
+// The widths built for Q/K and V alike: multiples of 32 (a lane's columns in the cluster merge) where a model
+// uses them. 40, 80 and 112 run in the next bucket up (a sixth to a fifth of the work is zeros there).
+inline constexpr int kMmaBucketDims[] = {32, 64, 96, 128, 160, 192, 256};
+// Pairs with V narrower than Q/K, built as instances of their own (DeepSeek / Kimi MLA prefill: 192 for Q/K,
+// 128 for V). Any other unequal pair runs in the equal bucket of its wider dim.
+inline constexpr HeadDimBucket kMmaUnequalBuckets[] = {{192, 128}};
+
+inline constexpr int kMmaRows = 64;      // rows per block: 4 warps of 16
+inline constexpr int kMmaThreads = 128;
+
+// Keys per tile. The warp's 16 x DV float32 accumulator and its 16 x keys scores share 255 registers per thread:
+// 16 keys at DV 256 (the accumulator alone is 128 registers), 32 above 128, 64 up to 128, and 128 at 32 (whose
+// accumulator is 16 registers: a 128-token sequence is one tile, one dependent load-score-softmax chain).
+constexpr int mma_tile_keys(HeadDimBucket b) {
+  if (b.v > 192) return 16;
+  if (b.v > 128) return 32;
+  if (b.qk <= 32 && b.v <= 32) return 128;
+  return 64;
+}
+
+// Elements per shared row of a tile `width` wide. Widths of a power-of-two number of 16-byte chunks XOR-swizzle
+// the chunks by row (conflict-free ldmatrix at the width itself); other widths pad the row to an odd number of
+// chunks, which puts the 8 rows an ldmatrix reads at one column in 8 different bank groups.
+constexpr int smem_pitch(int width) {
+  const int chunks = width / 8;
+  if (is_power_of_two(chunks)) return width;
+  return (chunks % 2 == 0 ? chunks + 1 : chunks) * 8;
+}
+
+// The smallest built pair that holds (head_dim, v_head_dim), by the work it does per key (qk + v); none past 256.
+constexpr HeadDimBucket mma_bucket(std::int64_t head_dim, std::int64_t v_head_dim) {
+  HeadDimBucket best{};
+  const auto consider = [&](HeadDimBucket b) {
+    if (b.qk >= head_dim && b.v >= v_head_dim && (!best.valid() || b.qk + b.v < best.qk + best.v)) best = b;
+  };
+  for (int d : kMmaBucketDims) consider({d, d});
+  for (HeadDimBucket b : kMmaUnequalBuckets) consider(b);
+  return best;
+}
+
+// Shared memory of one mma.sync block of element size `elem`: Q, `buffers` K and V tiles each (2 for float K/V,
+// double-buffered; 1 for a quantized cache, converted from its raw tiles just before use), the row tables, and
+// for a quantized cache the scales and the double-buffered raw tiles (`raw_row_bytes` per stored row).
+constexpr std::size_t mma_smem_bytes_for(HeadDimBucket b, int elem, int buffers, int raw_row_bytes) {
+  const std::size_t keys = static_cast<std::size_t>(mma_tile_keys(b));
+  const std::size_t tiles = (static_cast<std::size_t>(kMmaRows) * smem_pitch(b.qk) +
+                             buffers * keys * (smem_pitch(b.qk) + smem_pitch(b.v))) * elem;
+  const std::size_t row_tables = 4 * kMmaRows * sizeof(int);
+  if (raw_row_bytes == 0) return tiles + row_tables;
+  return tiles + row_tables + (b.qk + b.v) * sizeof(float) + 4 * keys * raw_row_bytes;
+}
+
+// The shared memory an sm_80 / sm_90 block may opt into: every entry of the table fits the smaller (sm_80's).
+inline constexpr std::size_t kSm80SmemOptin = 163 * 1024;
+
+// ---- wgmma (sm_90a, float16 / bfloat16) ----
+
+// The wgmma kernel's tiles are 64-column boxes in the 128-byte swizzle: buckets are multiples of 64, Q/K and V
+// alike, and a float K/V row must be whole 16-byte chunks (head dims a multiple of 8: TMA's strides). Columns past
+// the real dim arrive as zeros (the TMA's out-of-bounds fill) and are never stored.
+inline constexpr int kWarpgroupBucketDims[] = {64, 128, 256};
+constexpr int warpgroup_bucket(std::int64_t head_dim) {
+  for (int d : kWarpgroupBucketDims) {
+    if (d >= head_dim) return d;
+  }
+  return 0;
+}
+
+// The prefill work rate of the mma.sync kernel over the wgmma kernel's, at a bucket each. Between two buckets the
+// plan takes the kernel with the higher rate of real work: wgmma where its bucket's share of real columns, times
+// this, is not beaten by mma.sync's finer bucket (a head dim of 80: 128 for wgmma, 96 for mma.sync).
+inline constexpr double kMmaSyncRateOverWgmma = 0.65;
+constexpr bool warpgroup_bucket_pays(std::int64_t head_dim) {
+  const int wide = warpgroup_bucket(head_dim);
+  int fine = 0;
+  for (int d : kMmaBucketDims) {
+    if (fine == 0 && d >= head_dim) fine = d;
+  }
+  return wide > 0 && fine >= kMmaSyncRateOverWgmma * wide;
+}
+
+// ---- the float32 kernel on tensor cores (three TF32 products per product) ----
+
+inline constexpr int kTf32BucketDims[] = {32, 64, 96, 128};
+inline constexpr int kTf32Rows = 64;
+inline constexpr int kTf32TileKeys = 32;
+constexpr int tf32_pitch(int width) { return width + 4; }  // floats: 4 banks on per row, conflict-free fragments
+constexpr HeadDimBucket tf32_bucket(std::int64_t head_dim, std::int64_t v_head_dim) {
+  const std::int64_t wider = head_dim > v_head_dim ? head_dim : v_head_dim;
+  for (int d : kTf32BucketDims) {
+    if (d >= wider) return {d, d};
+  }
+  return {};
+}
+constexpr std::size_t tf32_smem_bytes_for(HeadDimBucket b) {
+  return static_cast<std::size_t>(kTf32Rows + 4 * kTf32TileKeys) * tf32_pitch(b.qk) * sizeof(float);
+}
+
+}  // namespace attnkit::cuda
