@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const T* q = static_cast<const T*>(p.q);
-  const int qk_dim = static_cast<int>(p.head_dim), v_dim = static_cast<int>(p.v_head_dim);
+  const int qk_dim = p.bucketed ? static_cast<int>(p.head_dim) : DQK;
+  const int v_dim = p.bucketed ? static_cast<int>(p.v_head_dim) : DV;
   // (Plain problems never load by elements: the plan keeps their rows on 16 bytes.)
   const bool by_elements = !kPlain && p.element_loads;
 

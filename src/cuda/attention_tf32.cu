@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
   const int lo = keys.lo, hi = keys.hi;
 
   const float* q = static_cast<const float*>(p.q);
-  const int qk_dim = static_cast<int>(p.head_dim), v_dim = static_cast<int>(p.v_head_dim);
+  const int qk_dim = p.bucketed ? static_cast<int>(p.head_dim) : D;
+  const int v_dim = p.bucketed ? static_cast<int>(p.v_head_dim) : D;
   const bool by_elements = p.element_loads;
   for (int e = tid; e < kRows * kChunks; e += kThreads) {  // Q rows (zeros for padded rows, past the head dim)
     const int r = e / kChunks, col = e % kChunks * 4;

@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       }
       // (chunks past the real head dim of the bucket D are zeros)
       cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, row.head, row.query) + ch * 8,
-                 r < rows && ch * 8 < p.head_dim);
+                 r < rows && (!p.bucketed || ch * 8 < p.head_dim));
     }
     cp_async_commit();
   };
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       if (is_tail_piece(p, block)) {  // a key range of a split tail row block: its partial, for the merge pass
         for (int half = 0; half < 2; ++half) {
           if (r0 + half * 8 < rows) {
-            const int columns = static_cast<int>(p.v_head_dim);
+            const int columns = p.bucketed ? static_cast<int>(p.v_head_dim) : D;
             store_partial_row<D>(p.partial + ((block - p.tail_block) * kBlockRows + r0 + half * 8) * (3 + columns),
                                  half, o, row_max, row_sum, [](int) { return 1.0f; }, columns);
           }

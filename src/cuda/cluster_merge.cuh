@@ -77,7 +77,7 @@ __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, con
     T* out = static_cast<T*>(p.o) + p.lo.index(c.b, head, query);
 #pragma unroll
     for (int i = 0; i < kLaneColumns; ++i) {
-      if (lane + 32 * i < p.v_head_dim) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
+      if (!p.bucketed || lane + 32 * i < p.v_head_dim) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
     }
     if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, head, query)] = fin.lse;
   }

@@ -111,6 +111,11 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.has_sink = p.has_head_sink;
   k.return_lse = p.return_lse;
   k.masked_rows = p.masked_rows;
+  const std::int64_t d = p.head_dim, dv = p.v_head_dim;
+  k.bucketed = plan.kernel == CudaPlan::Kernel::TensorCore ? !(mma_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
+               : plan.kernel == CudaPlan::Kernel::Warpgroup ? warpgroup_bucket(d) != d
+               : plan.kernel == CudaPlan::Kernel::Tf32      ? !(tf32_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
+                                                            : false;
   k.element_loads = !(pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data) &&
                       rows_in_chunks(p));
   return k;

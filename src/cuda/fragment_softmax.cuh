@@ -408,7 +408,7 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
                                             VScale v_scale) {
   const int lane = threadIdx.x % 32;
   // The real V dim (a kernel built for a bucket D wider than it; D itself where the kernel has no buckets).
-  const int columns = kBucketed ? static_cast<int>(p.v_head_dim) : D;
+  const int columns = kBucketed && p.bucketed ? static_cast<int>(p.v_head_dim) : D;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + half * 8;
@@ -481,7 +481,7 @@ __device__ __forceinline__ void finish_plain_rows(const KernelParams& p, const B
 #pragma unroll
   for (int e = lane; e < 16 * kChunks; e += 32) {
     const int r = e / kChunks, ch = e % kChunks;
-    if (warp_row + r < rows && ch * 8 < p.v_head_dim) {  // (D may be a bucket wider than the real V dim)
+    if (warp_row + r < rows && (!p.bucketed || ch * 8 < p.v_head_dim)) {  // (D: maybe a bucket, wider)
       const RowOf row = row_of(p, c.kvh, c.row_block * kRows + warp_row + r);
       T* at = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query) + ch * 8;
       *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(chunk_at(r, ch));

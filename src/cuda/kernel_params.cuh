@@ -50,6 +50,10 @@ struct KernelParams {
   // The mma.sync kernel loads Q, K and V element by element: some row does not start on 16 bytes, or a dim is not
   // a multiple of 8 (the 16-byte chunk copies need both). Never in a plain build.
   bool element_loads;
+  // The kernel's head-dim bucket is wider than a real dim (config/tile_table.hpp): columns past head_dim /
+  // v_head_dim are zero on load and not stored. False: the bucket is the real dims, and the kernels read neither
+  // (they sit in the general builds' lines of these parameters).
+  bool bucketed;
   MaskedRows masked_rows;
   // Work-budget cut: this launch runs blocks [first_block, block_end). Each of its gridDim.x blocks runs block
   // first_block + blockIdx.x and, in a persistent grid (the wgmma kernel's plain build of three per SM, fewer

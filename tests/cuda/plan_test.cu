@@ -55,7 +55,8 @@ CudaPlan plan_of(const AttentionProblem& p, bool sm90 = true, bool allow_special
                  const std::string& overrides = "") {
   return cuda::plan_for(p, allow_special, h200(p.head_dim, sm90), parse_plan_overrides(overrides));
 }
-CudaPlan plan_of(const AttentionProblem& p, const std::string& overrides) { return plan_of(p, true, true, overrides); }
+// (a name of its own: a string literal would convert to plan_of's bool)
+CudaPlan plan_with(const AttentionProblem& p, const std::string& overrides) { return plan_of(p, true, true, overrides); }
 
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
@@ -118,7 +119,7 @@ TEST(CudaPlan, ADecoderStepOnATinyGridSplitsIntoShortRanges) {
   // (the partials' scratch stays: a run whose pointers send it to the SIMT kernel takes the merge pass)
   EXPECT_EQ(cross.scratch_bytes, cuda::kFlagBytes + static_cast<std::size_t>(12 * 12 * 64 * (3 + 64)) * 4);
   // A split past 16 ranges: the merge pass.
-  const CudaPlan many = plan_of(shape(1, 12, 12, 1, 2048, 64, false), "splits=32");
+  const CudaPlan many = plan_with(shape(1, 12, 12, 1, 2048, 64, false), "splits=32");
   EXPECT_EQ(many.splits, 32);
   EXPECT_FALSE(many.cluster_merge);
   // Elsewhere, or switched off, the merge pass over the same ranges.
@@ -193,7 +194,7 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 128, false)).three_per_sm) << "head dim 128";
   EXPECT_FALSE(plan_of(shape(8, 12, 12, 512, 512, 64, false), /*sm90=*/false).three_per_sm) << "mma.sync";
   // The general build takes it too (the plain and general builds give the same bits at the same tiles).
-  const CudaPlan general = plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=plain");
+  const CudaPlan general = plan_with(shape(8, 12, 12, 512, 512, 64, false), "off=plain");
   EXPECT_TRUE(general.three_per_sm);
   EXPECT_FALSE(general.plain);
   // The plain build runs a persistent grid of the places where its last round is whole or two thirds full; one
@@ -206,10 +207,10 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_EQ(plan_of(shape(10, 16, 16, 512, 512, 64, false)).persistent_places, 0) << "1,280 blocks: 92 last";
   EXPECT_EQ(general.persistent_places, 0);
   EXPECT_EQ(long_keys.persistent_places, 0);
-  EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=persistent").persistent_places, 0);
+  EXPECT_EQ(plan_with(shape(8, 12, 12, 512, 512, 64, false), "off=persistent").persistent_places, 0);
   // (tests: a grid of 5 wherever the plain build of three runs)
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 64, false), "persistent=5").persistent_places, 5);
-  const CudaPlan two = plan_of(shape(8, 12, 12, 512, 512, 64, false), "off=three");
+  EXPECT_EQ(plan_with(shape(1, 12, 12, 1500, 1500, 64, false), "persistent=5").persistent_places, 5);
+  const CudaPlan two = plan_with(shape(8, 12, 12, 512, 512, 64, false), "off=three");
   EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain");
 }
 
@@ -230,7 +231,7 @@ TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";
   EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, true)).tail_pieces, 0) << "causal: the general build";
-  EXPECT_EQ(plan_of(shape(1, 12, 12, 1500, 1500, 128, false), "off=tail").tail_pieces, 0);
+  EXPECT_EQ(plan_with(shape(1, 12, 12, 1500, 1500, 128, false), "off=tail").tail_pieces, 0);
 }
 
 TEST(CudaPlan, AQuantizedCacheDecodesOnTheDecodeMmaKernel) {
@@ -361,9 +362,9 @@ TEST(CudaPlan, TileTableInvariants) {
 TEST(CudaPlan, RegistryNamesAndForcedKernels) {
   EXPECT_EQ(cuda::registry_kernel_names(), plan_kernel_names());
   const AttentionProblem bert = shape(8, 12, 12, 512, 512, 64, false);
-  EXPECT_EQ(plan_of(bert, "kernel=mma").kernel, Kernel::TensorCore);
-  EXPECT_EQ(plan_of(bert, "kernel=simt").kernel, Kernel::Simt);
-  EXPECT_EQ(plan_of(bert, "kernel=tf32").kernel, plan_of(bert).kernel) << "tf32 declines float16";
+  EXPECT_EQ(plan_with(bert, "kernel=mma").kernel, Kernel::TensorCore);
+  EXPECT_EQ(plan_with(bert, "kernel=simt").kernel, Kernel::Simt);
+  EXPECT_EQ(plan_with(bert, "kernel=tf32").kernel, plan_of(bert).kernel) << "tf32 declines float16";
   const auto accepting = cuda::accepting_kernels(bert, h200(64));
   EXPECT_NE(std::find(accepting.begin(), accepting.end(), "wgmma"), accepting.end());
   EXPECT_EQ(std::find(accepting.begin(), accepting.end(), "tf32"), accepting.end());
