@@ -56,13 +56,15 @@ bool runs_on(const Attention& op, const std::string& name) {
   return op.describe().rfind("cuda." + shown + " ", 0) == 0;
 }
 
-// `op` run again, and its problem run cut into one-block launches by the work budget, give `first`'s bytes.
-void expect_rerun_and_cut_equal(CaseData& data, DeviceMirror& dev, Attention& op, const std::vector<std::byte>& first) {
+// `op` run again, and its problem run cut into one-block launches by the work budget (with the same plan
+// overrides `plan` as op), give `first`'s bytes.
+void expect_rerun_and_cut_equal(CaseData& data, DeviceMirror& dev, Attention& op, const std::vector<std::byte>& first,
+                                const std::string& plan = "") {
   dev.run(op);
   EXPECT_EQ(first, data.output_bytes()) << "two runs differ";
   AttentionProblem cut_problem = data.problem();
   cut_problem.work_budget = 1;  // one block per launch
-  Attention cut(cut_problem, cuda_config());
+  Attention cut(cut_problem, cuda_config(plan));
   dev.run(cut);
   EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
 }
@@ -170,7 +172,7 @@ TEST(CudaAttention, ClusterMergeGivesTheMergePassBits) {
       EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
       EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
       EXPECT_TRUE(data.gaps_untouched());
-      expect_rerun_and_cut_equal(data, dev, clustered, first);
+      expect_rerun_and_cut_equal(data, dev, clustered, first, forced);
       dev.run(merged);
       EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << merged.describe();
     }
