@@ -101,5 +101,27 @@ TEST(CudaHeadDims, EveryHeadDimAndVDimOnEveryKernelThatAcceptsIt) {
   }
 }
 
+// A few of the sweep's problems, small enough for compute-sanitizer (scripts/gpu-check runs memcheck, racecheck,
+// initcheck and synccheck on it): head dims off every bucket edge and unequal pairs, on every kernel that accepts.
+TEST(CudaHeadDims, ASmallSweepForTheSanitizers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Dims { std::int64_t d, dv; };
+  for (const Dims dims : {Dims{8, 0}, Dims{40, 0}, Dims{72, 0}, Dims{99, 0}, Dims{136, 0}, Dims{192, 128},
+                          Dims{64, 256}, Dims{255, 0}}) {
+    for (const DType t : {DType::f16, DType::f32}) {
+      CaseSpec spec;
+      spec.name = "sanitized head dims";
+      spec.batch = 1, spec.heads = 2, spec.kv_heads = 1, spec.q_len = 20, spec.k_len = 70;
+      spec.head_dim = dims.d;
+      spec.v_head_dim = dims.dv;
+      spec.causal = true;
+      spec.lse = true;
+      spec.key_lengths = KeyLengths::Random;
+      SCOPED_TRACE("d " + std::to_string(dims.d) + " dv " + std::to_string(dims.dv) + " " + std::string(dtype_name(t)));
+      check_every_kernel(spec, t, /*rerun_and_cut=*/true);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnkit::testing
