@@ -82,14 +82,10 @@ inline constexpr std::size_t kSm80SmemOptin = 163 * 1024;
 
 // ---- wgmma (sm_90a, float16 / bfloat16) ----
 
-// The wgmma kernel's tiles are 64-column boxes in the 128-byte swizzle: buckets are multiples of 64, one for Q/K
-// and V alike (the wider dim's: warpgroup_width), and a float K/V row must be whole 16-byte chunks (head dims a
-// multiple of 8: TMA's strides). Columns past the real dims arrive as zeros (the TMA's out-of-bounds fill) and are
-// never stored.
-inline constexpr int kWarpgroupBucketDims[] = {64, 128, 192, 256};
-constexpr std::int64_t warpgroup_width(std::int64_t head_dim, std::int64_t v_head_dim) {
-  return head_dim > v_head_dim ? head_dim : v_head_dim;
-}
+// The wgmma kernel's tiles are 64-column boxes in the 128-byte swizzle: buckets are multiples of 64, Q/K and V
+// alike, and a float K/V row must be whole 16-byte chunks (head dims a multiple of 8: TMA's strides). Columns past
+// the real dim arrive as zeros (the TMA's out-of-bounds fill) and are never stored.
+inline constexpr int kWarpgroupBucketDims[] = {64, 128, 256};
 constexpr int warpgroup_bucket(std::int64_t head_dim) {
   for (int d : kWarpgroupBucketDims) {
     if (d >= head_dim) return d;
@@ -97,19 +93,12 @@ constexpr int warpgroup_bucket(std::int64_t head_dim) {
   return 0;
 }
 
-// The prefill work rate of the mma.sync kernel over the wgmma kernel's, at a bucket each. Between two buckets the
-// plan takes the kernel with the higher rate of real work: wgmma where its bucket's share of real columns, times
-// this, is not beaten by mma.sync's finer bucket (a head dim of 80: 128 for wgmma, 96 for mma.sync).
-// Measured on the H200 (bench/results/2026-12-01-h200-cuda-head-dims.md): 0.40-0.60 across head dims 40-256.
-inline constexpr double kMmaSyncRateOverWgmma = 0.45;
-constexpr bool warpgroup_bucket_pays(std::int64_t head_dim) {
-  const int wide = warpgroup_bucket(head_dim);
-  int fine = 0;
-  for (int d : kMmaBucketDims) {
-    if (fine == 0 && d >= head_dim) fine = d;
-  }
-  return wide > 0 && fine >= kMmaSyncRateOverWgmma * wide;
-}
+// Prefill at a head dim between buckets: the wgmma kernel in its wider bucket ran faster than mma.sync in its finer
+// one at every head dim from 40 to 256 on the H200 (1.1-2.3x, batch 4 x 16 x 2048; mma.sync's rate is 0.40-0.60 of
+// wgmma's: bench/results/2026-12-01-h200-cuda-head-dims-first.md). At 32 and below (bucket 64, half of it zeros)
+// mma.sync keeps the short encoder layers it was tuned on (MiniLM); wgmma's bucket there is measured only on long
+// prefill.
+constexpr bool warpgroup_bucket_pays(std::int64_t head_dim) { return head_dim > 32; }
 
 // ---- the float32 kernel on tensor cores (three TF32 products per product) ----
 
