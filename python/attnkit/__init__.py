@@ -12,6 +12,7 @@ host arrays (the CPU backend) or CUDA arrays (the CUDA backend). See ``help(attn
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, List, Optional, Tuple, Union
 
 from . import _attnkit
@@ -19,6 +20,9 @@ from . import _attnkit
 __all__ = ["attention", "group_query_attention", "available_backends", "__version__"]
 
 __version__: str = _attnkit.__version__
+
+if "torch" in sys.modules:  # torch.ops.attnkit.* exist as soon as both are imported (e.g. for torch.export.load)
+    from . import _torch_ops  # noqa: F401
 
 
 def available_backends() -> List[str]:
@@ -157,6 +161,25 @@ def _choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
     return value
 
 
+def _host_mask(mask: Any, q: Any) -> Any:
+    """A NumPy boolean mask (True: visible, as SDPA) as an additive mask (float16/bfloat16 like q, else float32)."""
+    if mask is None or str(getattr(mask, "dtype", "")) != "bool" or _on_cuda(mask):
+        return mask
+    import numpy as np
+
+    dtype = _numpy_dtype(q) if str(getattr(q, "dtype", "")) in ("float16", "bfloat16") else np.float32
+    return np.where(np.asarray(mask), np.zeros((), dtype), np.full((), -np.inf, dtype))
+
+
+def _host_int32(lengths: Any) -> Any:
+    """NumPy int64 lengths as int32; a value past int32 becomes int32's limit, which the range check refuses."""
+    if lengths is None or str(getattr(lengths, "dtype", "")) != "int64" or _on_cuda(lengths):
+        return lengths
+    import numpy as np
+
+    return np.clip(np.asarray(lengths), -1, 2**31 - 1).astype(np.int32)
+
+
 def attention(
     q: Any,
     k: Any,
@@ -193,10 +216,13 @@ def attention(
         k: keys, ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``), q's dtype. ``H`` must be a multiple of ``Hkv``:
             query head ``h`` reads key/value head ``h // (H // Hkv)`` (grouped / multi-query attention).
         v: values, ``[B, Hkv, Sk, Dv]`` (or ``[B, Sk, Hkv, Dv]``), q's dtype; ``Dv`` may differ from ``D``.
-        mask: additive float32 mask broadcastable (NumPy rules) to ``[B, H, Sq, Sk]`` whatever the layout; the
-            key dimension must be ``Sk``. ``-inf`` hides a key.
-        key_lengths: int32 ``[B]``: keys at or past ``key_lengths[b]`` are hidden.
-        causal: query ``i`` sees key ``j`` only when ``j <= i + causal_offset``.
+        mask: additive mask (float32, float16 or bfloat16; ``-inf`` hides a key) or boolean mask (True: visible,
+            as SDPA's; made into an additive one), broadcastable (NumPy rules) to ``[B, H, Sq, Sk]`` whatever the
+            layout; the key dimension must be ``Sk``.
+        key_lengths: int32 or int64 ``[B]``: keys at or past ``key_lengths[b]`` are hidden.
+        causal: query ``i`` sees key ``j`` only when ``j <= i + causal_offset``: by default bottom-right aligned
+            (the last query sees every key). SDPA's ``is_causal`` is top-left (``causal_offset=0``); see
+            ``attnkit.torch.scaled_dot_product_attention`` for SDPA's semantics.
         causal_offset: defaults to ``Sk - Sq`` (the last query sees every key); needs ``causal=True``. An int,
             or an int32 array ``[B]`` of per-batch offsets (a right-padded batch whose queries sit at different
             positions).
@@ -226,6 +252,16 @@ def attention(
         ValueError: a shape, stride, device or option is not accepted; the message is the library's
             (``"argument: rule"``). Nothing is written.
     """
+    if _is_torch_tensor(q):
+        from . import _torch_ops  # registers torch.ops.attnkit.* on first use
+
+        return _torch_ops.attention(
+            q, k, v, mask, key_lengths, head_sink, bool(causal), *_causal_offset(causal_offset),
+            _optional_int("window", window), _optional_float("softcap", softcap), _optional_float("scale", scale),
+            _choice("masked_rows", masked_rows, ("nan", "zero")), bool(return_lse), out,
+            _choice("layout", layout, ("bhsd", "bshd")), _optional_int("threads", threads),
+            _choice("backend", backend, ("auto", "cpu", "reference", "cuda")))
+    mask, key_lengths = _host_mask(mask, q), _host_int32(key_lengths)
     o, lse = _attnkit.attention(
         q,
         k,
@@ -434,6 +470,25 @@ def group_query_attention(
     """
     if seqlens_k is None:
         raise TypeError("seqlens_k: is required (int32 (batch,): each sequence's total length minus one)")
+    if _is_torch_tensor(query):
+        from . import _torch_ops  # registers torch.ops.attnkit.* on first use
+
+        if total_sequence_length is None:
+            _total_sequence_length(None)
+        attrs = (
+            _int_attribute("num_heads", num_heads), _int_attribute("kv_num_heads", kv_num_heads),
+            _float_attribute("scale", scale), _float_attribute("softcap", softcap),
+            _int_attribute("local_window_size", local_window_size), _int_attribute("causal", causal),
+            _int_attribute("do_rotary", do_rotary), _int_attribute("rotary_interleaved", rotary_interleaved),
+            _int_attribute("smooth_softmax", smooth_softmax), _int_attribute("qk_output", qk_output),
+            _string_attribute("k_quant_type", k_quant_type), _string_attribute("v_quant_type", v_quant_type),
+            _int_attribute("kv_cache_bit_width", kv_cache_bit_width),
+            _int_attribute("sliding_window_cache", sliding_window_cache),
+            _float_attribute("qk_norm_epsilon", qk_norm_epsilon))
+        return _torch_ops.group_query_attention(
+            (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+             attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight), total_sequence_length,
+            (output, present_key, present_value, output_qk), attrs, _optional_int("threads", threads))
     inputs = tuple(_fast_dlpack(x) for x in (
         query, key, value, past_key, past_value, seqlens_k, _total_sequence_length(total_sequence_length), cos_cache,
         sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight))

@@ -164,7 +164,9 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   require_element(k, q.element, same);
   require_element(v, q.element, same);
   if (out) require_element(*out, q.element, same);
-  if (mask) require_element(*mask, Element::f32, "is not supported: the mask is float32 (additive, -inf hides a key)");
+  if (mask && mask->element != Element::f16 && mask->element != Element::bf16)
+    require_element(*mask, Element::f32,
+                    "is not supported: the mask is float32, float16 or bfloat16 (additive, -inf hides a key) or bool");
   if (lengths) require_element(*lengths, Element::i32, "is not supported: key_lengths is int32");
   if (offsets)
     require_element(*offsets, Element::i32, "is not supported: per-batch causal offsets are int32 (or pass an int)");
@@ -213,6 +215,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   p.v = tensor_layout(v, axes);
   if (mask) {
     p.has_mask = true;
+    p.mask_dtype = to_dtype(mask->element);
     p.mask = mask_layout(*mask, {batch, heads, q_len, k_len});
   }
   p.has_key_lengths = lengths.has_value();
