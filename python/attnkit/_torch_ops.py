@@ -205,7 +205,8 @@ def gqa_op(query: torch.Tensor, key: Optional[torch.Tensor], value: Optional[tor
            output_qk: Optional[torch.Tensor], in_place_cache: bool, num_heads: int, kv_num_heads: int, scale: float,
            softcap: float, local_window_size: int, causal: int, do_rotary: int, rotary_interleaved: int,
            smooth_softmax: int, qk_output: int, k_quant_type: str, v_quant_type: str, kv_cache_bit_width: int,
-           sliding_window_cache: int, qk_norm_epsilon: float, threads: Optional[int]) -> List[torch.Tensor]:
+           sliding_window_cache: int, qk_norm_epsilon: float, threads: Optional[int]
+           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """attnkit.group_query_attention on torch tensors. ``in_place_cache``: present_key / present_value are
     past_key / past_value themselves (appended in place). Returns [output, present_key, present_value, output_qk]
     for those the op allocated; an output passed in (or absent) comes back as an empty placeholder."""
@@ -214,8 +215,8 @@ def gqa_op(query: torch.Tensor, key: Optional[torch.Tensor], value: Optional[tor
     attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal, do_rotary, rotary_interleaved,
              smooth_softmax, qk_output, k_quant_type, v_quant_type, kv_cache_bit_width, sliding_window_cache,
              qk_norm_epsilon)
-    return _gqa_impl(inputs, total_sequence_length, in_place_cache, (output, present_key, present_value, output_qk),
-                     attrs, threads)
+    return tuple(_gqa_impl(inputs, total_sequence_length, in_place_cache,
+                           (output, present_key, present_value, output_qk), attrs, threads))
 
 
 def _new_cache_format(query: torch.Tensor, quant: str, bit_width: int, head_size: int):
@@ -234,21 +235,21 @@ def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_sequence
     # The shapes ONNX Runtime infers (src/gqa/gqa_check.cpp: output_specs).
     batch, seq, hidden = query.shape
     head_size = hidden // (num_heads + 2 * kv_num_heads) if key is None else hidden // num_heads
-    empty = query.new_empty((0,))
-    fresh = [query.new_empty((batch, seq, num_heads * head_size)) if output is None else empty]
+    empty = lambda: query.new_empty((0,))  # noqa: E731 - a placeholder each: outputs must not alias
+    fresh = [query.new_empty((batch, seq, num_heads * head_size)) if output is None else empty()]
     past_rows = past_key.shape[2] if past_key is not None and past_key.dim() == 4 else 0
     rows = past_rows if past_rows and sliding_window_cache else max(total_sequence_length, past_rows)
     for past, given, quant in ((past_key, present_key, k_quant_type), (past_value, present_value, v_quant_type)):
         if in_place_cache or given is not None:
-            fresh.append(empty)
+            fresh.append(empty())
         elif past is not None and past.dim() == 4:
             fresh.append(query.new_empty((batch, kv_num_heads, rows, past.shape[3]), dtype=past.dtype))
         else:
             dtype, last = _new_cache_format(query, quant, kv_cache_bit_width, head_size)
             fresh.append(query.new_empty((batch, kv_num_heads, rows, last), dtype=dtype))
     produced = qk_output != 0 and output_qk is None
-    fresh.append(query.new_empty((batch, num_heads, seq, total_sequence_length)) if produced else empty)
-    return fresh
+    fresh.append(query.new_empty((batch, num_heads, seq, total_sequence_length)) if produced else empty())
+    return tuple(fresh)
 
 
 def _same_memory(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
