@@ -91,13 +91,24 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     mask = additive_mask(mask, q)
     key_lengths = int32_lengths(key_lengths)
     causal_offsets = int32_lengths(causal_offsets)
-    o, lse = _attnkit.attention(
+    # The outputs are made here, dense, and go in as capsules like the inputs: one DLPack exchange per array and
+    # no callback (the binding still asks `alloc` for CUDA scratch, and for outputs of a q it will refuse anyway).
+    o = out
+    lse = None
+    if q.dim() == 4 and v.dim() == 4:
+        if o is None:
+            o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+        if return_lse:
+            b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+            lse = q.new_empty((b, h, s), dtype=torch.float32)
+    result = _attnkit.attention(
         to_dlpack(q), to_dlpack(k), to_dlpack(v), _capsule(mask), _capsule(key_lengths), _capsule(head_sink),
         causal, causal_offset, _capsule(causal_offsets), window, softcap, scale, masked_rows, return_lse,
-        _capsule(out), layout, threads, backend, _stream(q), _allocator(q))
-    o = out if out is not None else o
+        _capsule(o), layout, threads, backend, _stream(q), _allocator(q), _capsule(lse))
+    if o is None:
+        o = result[0]
     if lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
+        lse = result[1] if return_lse else q.new_empty((0,), dtype=torch.float32)
     return o, lse
 
 
@@ -151,7 +162,9 @@ def _attention_out_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_of
 def attention(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
               masked_rows, return_lse, out, layout, threads, backend):
     """attnkit.attention's path for torch tensors (arguments already checked and normalised by attnkit.attention)."""
-    refuse_grad(q=q, k=k, v=v, mask=mask, head_sink=head_sink, out=out)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or mask is not None
+                                    or head_sink is not None or out is not None):
+        refuse_grad(q=q, k=k, v=v, mask=mask, head_sink=head_sink, out=out)
     args = (q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
             masked_rows, return_lse, layout, threads, backend)
     if _plain_eager((q, k, v, mask, key_lengths, head_sink, causal_offsets, out)):

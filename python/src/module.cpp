@@ -114,7 +114,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
                     std::optional<std::int64_t> window,
                     std::optional<float> softcap, std::optional<float> scale, const std::string& masked_rows,
                     bool return_lse, nb::handle out_obj, const std::string& layout, std::optional<int> threads,
-                    const std::string& backend, std::uintptr_t stream, nb::callable alloc) {
+                    const std::string& backend, std::uintptr_t stream, nb::callable alloc, nb::handle lse_obj) {
   // Options first: they need no array.
   const Axes axes = parse_axes(layout);
   AttentionProblem p;
@@ -246,7 +246,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   nb::object lse_result = nb::none();
   std::optional<ArrayArg> lse;
   if (return_lse) {
-    lse_result = alloc(shape_tuple(lse_shape), "lse");
+    lse_result = lse_obj.is_none() ? alloc(shape_tuple(lse_shape), "lse") : nb::borrow(lse_obj);
     lse = import_array(lse_result, "lse", true);
     require_same_device(*lse, q);
     require_element(*lse, Element::f32, "was allocated with the wrong dtype");
@@ -402,8 +402,10 @@ NB_MODULE(_attnkit, m) {
         nb::arg("causal_offset").none(), nb::arg("causal_offsets").none(), nb::arg("window").none(), nb::arg("softcap").none(),
         nb::arg("scale").none(), nb::arg("masked_rows"), nb::arg("return_lse"), nb::arg("out").none(),
         nb::arg("layout"), nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"),
+        nb::arg("lse") = nb::none(),
         "Runs the attention op; see attnkit.attention (which allocates outputs through `alloc(shape, what)` and "
-        "passes the caller's current CUDA stream as an integer, 0 for the default stream). "
+        "passes the caller's current CUDA stream as an integer, 0 for the default stream; `lse`: a float32 "
+        "[B, H, Sq] destination for return_lse instead of alloc's). "
         "Returns (out, lse or None).");
   m.def("available_backends", &backends, "Backends this build can run now, e.g. ['cpu', 'reference'].");
   m.def("_cli", &run_cli, nb::arg("argv"),
