@@ -96,19 +96,20 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     o = out
     lse = None
     if q.dim() == 4 and v.dim() == 4:
+        shape = q.shape
         if o is None:
-            o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+            o = q.new_empty((shape[0], shape[1], shape[2], v.shape[3]))
         if return_lse:
-            b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
-            lse = q.new_empty((b, h, s), dtype=torch.float32)
+            lse = q.new_empty((shape[0], shape[1], shape[2]) if layout == "bhsd" else (shape[0], shape[2], shape[1]),
+                              dtype=torch.float32)
     result = _attnkit.attention(
         to_dlpack(q), to_dlpack(k), to_dlpack(v), _capsule(mask), _capsule(key_lengths), _capsule(head_sink),
         causal, causal_offset, _capsule(causal_offsets), window, softcap, scale, masked_rows, return_lse,
         _capsule(o), layout, threads, backend, _stream(q), _allocator(q), _capsule(lse))
     if o is None:
         o = result[0]
-    if lse is None:
-        lse = result[1] if return_lse else q.new_empty((0,), dtype=torch.float32)
+    if lse is None and return_lse:
+        lse = result[1]
     return o, lse
 
 
@@ -119,8 +120,9 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Option
                  softcap: Optional[float], scale: Optional[float], masked_rows: str, return_lse: bool, layout: str,
                  threads: Optional[int], backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """attnkit.attention on torch tensors; returns (out, lse), lse of shape (0,) unless return_lse."""
-    return _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
-                           softcap, scale, masked_rows, return_lse, layout, threads, backend)
+    o, lse = _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                             softcap, scale, masked_rows, return_lse, layout, threads, backend)
+    return o, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 def _out_shape(q: torch.Tensor, v: torch.Tensor, layout: str) -> List[int]:
@@ -148,8 +150,9 @@ def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
                      softcap: Optional[float], scale: Optional[float], masked_rows: str, return_lse: bool,
                      layout: str, threads: Optional[int], backend: str, out: torch.Tensor) -> torch.Tensor:
     """attnkit.attention into ``out`` (written in place); returns lse, of shape (0,) unless return_lse."""
-    return _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
-                           softcap, scale, masked_rows, return_lse, layout, threads, backend, out)[1]
+    lse = _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                          softcap, scale, masked_rows, return_lse, layout, threads, backend, out)[1]
+    return lse if lse is not None else q.new_empty((0,), dtype=torch.float32)
 
 
 @attention_out_op.register_fake
