@@ -357,12 +357,20 @@ int run_cli(const std::vector<std::string>& args) {
   PythonStreamBuf out_buf("stdout"), err_buf("stderr");
   std::ostream out(&out_buf), err(&err_buf);
   int rc = 0;
+  bool interrupted = false;
+  // Ctrl-C: Python's handler only sets a flag while the GIL is released; the tool asks between cases.
+  auto stop = [&interrupted] {
+    nb::gil_scoped_acquire acquire;
+    interrupted = interrupted || PyErr_CheckSignals() != 0;
+    return interrupted;
+  };
   {
     nb::gil_scoped_release release;
-    rc = attnkit::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
+    rc = attnkit::cli::run(static_cast<int>(argv.size()), argv.data(), out, err, stop);
     out.flush();
     err.flush();
   }
+  if (interrupted && PyErr_Occurred()) throw nb::python_error();  // KeyboardInterrupt, raised where Python expects it
   return rc;
 #else
   (void)args;
