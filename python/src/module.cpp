@@ -359,9 +359,13 @@ int run_cli(const std::vector<std::string>& args) {
   int rc = 0;
   bool interrupted = false;
   // Ctrl-C: Python's handler only sets a flag while the GIL is released; the tool asks between cases.
+  // The handler's exception is cleared here (the tool's output still goes through sys.stdout) and raised after.
   auto stop = [&interrupted] {
     nb::gil_scoped_acquire acquire;
-    interrupted = interrupted || PyErr_CheckSignals() != 0;
+    if (!interrupted && PyErr_CheckSignals() != 0) {
+      PyErr_Clear();
+      interrupted = true;
+    }
     return interrupted;
   };
   {
@@ -370,7 +374,10 @@ int run_cli(const std::vector<std::string>& args) {
     out.flush();
     err.flush();
   }
-  if (interrupted && PyErr_Occurred()) throw nb::python_error();  // KeyboardInterrupt, raised where Python expects it
+  if (interrupted) {  // KeyboardInterrupt, raised where Python expects it
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw nb::python_error();
+  }
   return rc;
 #else
   (void)args;
