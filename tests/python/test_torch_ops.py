@@ -108,6 +108,15 @@ def test_compile_fullgraph_and_export():
     torch.testing.assert_close(ep.module()(q, k, v), M()(q, k, v), rtol=0, atol=0)
 
 
+def test_jit_trace_records_the_op():
+    g = torch.Generator().manual_seed(10)
+    q, k, v = _qkv(g)
+    traced = torch.jit.trace(lambda q, k, v: attnkit.attention(q, k, v, causal=True), (q, k, v), check_trace=False)
+    assert "attnkit::attention" in str(traced.graph)
+    q2, k2, v2 = _qkv(g)  # new inputs: a trace that baked the first outputs in would fail here
+    torch.testing.assert_close(traced(q2, k2, v2), attnkit.attention(q2, k2, v2, causal=True), rtol=0, atol=0)
+
+
 def test_compile_fullgraph_group_query_attention_in_place():
     g = torch.Generator().manual_seed(5)
     x = _gqa_decode(g)
