@@ -41,7 +41,10 @@ def _plain_eager(tensors: Sequence[Any]) -> bool:
         return False
     if torch._C._len_torch_dispatch_stack() != 0:
         return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
 
 
 def _capsule(t: Any) -> Any:
@@ -88,9 +91,15 @@ def int32_lengths(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap,
                     scale, masked_rows, return_lse, layout, threads, backend, out=None):
-    mask = additive_mask(mask, q)
-    key_lengths = int32_lengths(key_lengths)
-    causal_offsets = int32_lengths(causal_offsets)
+    # (Written flat: this is the whole Python cost of a small eager call; bench/python_call_overhead.py times it.)
+    if mask is not None:
+        mask = _capsule(additive_mask(mask, q))
+    if key_lengths is not None:
+        key_lengths = _capsule(int32_lengths(key_lengths))
+    if causal_offsets is not None:
+        causal_offsets = _capsule(int32_lengths(causal_offsets))
+    if head_sink is not None:
+        head_sink = _capsule(head_sink)
     # The outputs are made here, dense, and go in as capsules like the inputs: one DLPack exchange per array and
     # no callback (the binding still asks `alloc` for CUDA scratch, and for outputs of a q it will refuse anyway).
     o = out
@@ -103,9 +112,10 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
             lse = q.new_empty((shape[0], shape[1], shape[2]) if layout == "bhsd" else (shape[0], shape[2], shape[1]),
                               dtype=torch.float32)
     result = _attnkit.attention(
-        to_dlpack(q), to_dlpack(k), to_dlpack(v), _capsule(mask), _capsule(key_lengths), _capsule(head_sink),
-        causal, causal_offset, _capsule(causal_offsets), window, softcap, scale, masked_rows, return_lse,
-        _capsule(o), layout, threads, backend, _stream(q), _allocator(q), _capsule(lse))
+        to_dlpack(q), to_dlpack(k), to_dlpack(v), mask, key_lengths, head_sink, causal, causal_offset,
+        causal_offsets, window, softcap, scale, masked_rows, return_lse, None if o is None else to_dlpack(o), layout,
+        threads, backend, int(torch.cuda.current_stream(q.device).cuda_stream) if q.is_cuda else 0, _allocator(q),
+        None if lse is None else to_dlpack(lse))
     if o is None:
         o = result[0]
     if lse is None and return_lse:
