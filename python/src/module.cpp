@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -281,6 +282,15 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   AttentionArgs args;
   if (scratch) {
     args.scratch = scratch->data;
+    args.scratch_bytes = op.scratch_bytes();
+  } else if (op.backend() != Backend::Cuda && op.scratch_bytes() > 0) {
+    // Host scratch kept per thread between calls: the op is new each call, and its own buffer would be allocated
+    // and zeroed every time (most of a tiny call's cost). The kernels never read scratch they did not write.
+    static thread_local std::vector<std::byte> host_scratch;
+    constexpr std::size_t kAlign = 64;
+    if (host_scratch.size() < op.scratch_bytes() + kAlign) host_scratch.resize(op.scratch_bytes() + kAlign);
+    const auto address = reinterpret_cast<std::uintptr_t>(host_scratch.data());
+    args.scratch = host_scratch.data() + (kAlign - address % kAlign) % kAlign;
     args.scratch_bytes = op.scratch_bytes();
   }
   args.q = {q.data, q.extent()};
