@@ -262,6 +262,11 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   void* out_at = place(out.data(), out.size());
   std::vector<double> times;
   for (std::int64_t step = 0; step < o.steps; ++step) {
+    if (ctx.should_stop()) {
+      ctx.out << strprintf("interrupted after %lld of %lld decode steps\n", static_cast<long long>(step),
+                           static_cast<long long>(o.steps));
+      return kExitInterrupted;
+    }
     const auto t0 = Clock::now();
     call(1, P + step, q_at, k_new, v_new, out_at);
     times.push_back(seconds_since(t0));
