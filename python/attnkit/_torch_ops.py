@@ -70,6 +70,11 @@ def _allocator(like: torch.Tensor):
     return alloc
 
 
+def _refuse_allocation(shape, what):
+    """The allocator of a host call whose outputs were all made beforehand (the binding then asks for nothing)."""
+    raise AssertionError(f"{what}: attnkit asked for an array it was given")
+
+
 def additive_mask(mask: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.Tensor]:
     """A boolean mask (True: visible, as SDPA) as an additive one in q's dtype (float16/bfloat16) or float32; float
     masks as they are (the binding names any dtype it refuses)."""
@@ -114,7 +119,8 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     result = _attnkit.attention(
         to_dlpack(q), to_dlpack(k), to_dlpack(v), mask, key_lengths, head_sink, causal, causal_offset,
         causal_offsets, window, softcap, scale, masked_rows, return_lse, None if o is None else to_dlpack(o), layout,
-        threads, backend, int(torch.cuda.current_stream(q.device).cuda_stream) if q.is_cuda else 0, _allocator(q),
+        threads, backend, int(torch.cuda.current_stream(q.device).cuda_stream) if q.is_cuda else 0,
+        _allocator(q) if q.is_cuda or o is None or (return_lse and lse is None) else _refuse_allocation,
         None if lse is None else to_dlpack(lse))
     if o is None:
         o = result[0]
