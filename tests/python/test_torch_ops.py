@@ -250,3 +250,32 @@ def test_cuda_graph_capture_of_the_ops():
         got = f(q, k, v)
     want = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or "cuda" not in attnkit.available_backends(),
+                    reason="needs a CUDA device and attnkit's CUDA backend")
+def test_cuda_graph_capture_of_a_gqa_decode_step_in_place():
+    g = torch.Generator().manual_seed(11)
+    x = {n: (t.cuda() if isinstance(t, torch.Tensor) and n != "seqlens_k" else t)
+         for n, t in _gqa_decode(g, rows=64).items()}
+    x = {n: (t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in x.items()}
+    # seqlens_k stays on the host, as a decoder keeps it (a device copy would be read back: no capture).
+    ref_k, ref_v = x["past_key"].clone(), x["past_value"].clone()
+    step = lambda k_cache, v_cache: attnkit.group_query_attention(  # noqa: E731
+        **dict(x, past_key=k_cache, past_value=v_cache), num_heads=4, kv_num_heads=2, present_key=k_cache,
+        present_value=v_cache)[0]
+    want = step(ref_k, ref_v)
+    cache_k, cache_v = x["past_key"].clone(), x["past_value"].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(cache_k.clone(), cache_v.clone())  # warm-up off the default stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(cache_k, cache_v)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, want, rtol=0, atol=0)
+    torch.testing.assert_close(cache_k, ref_k, rtol=0, atol=0)  # appended in place by the replay
+    torch.testing.assert_close(cache_v, ref_v, rtol=0, atol=0)
