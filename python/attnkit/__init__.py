@@ -21,7 +21,8 @@ __all__ = ["attention", "group_query_attention", "available_backends", "__versio
 
 __version__: str = _attnkit.__version__
 
-if "torch" in sys.modules:  # torch.ops.attnkit.* exist as soon as both are imported (e.g. for torch.export.load)
+# torch.ops.attnkit.* exist as soon as both are imported (torch.export.load needs them before any call).
+if sys.modules.get("torch") is not None:
     from . import _torch_ops  # noqa: F401
 
 

@@ -240,7 +240,8 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
     }
     BenchRow row = bench_one(job, opts, h.threads);
     failed = failed || row.failed;
-    std::string line = progress(rows.size() + 1, jobs.size(), start) + strprintf(" %s %s: fused %s, unfused %s", row.label.c_str(), row.dtype.c_str(),
+    std::string line = progress(rows.size() + 1, jobs.size(), start) +
+                       strprintf(" %s %s: fused %s, unfused %s", row.label.c_str(), row.dtype.c_str(),
                                  ms(row.fused).c_str(), ms(row.unfused).c_str());
     if (const auto s = row.speedup()) line += strprintf(", speed-up %.2fx", *s);
     if (row.fused_error && row.unfused_error)
