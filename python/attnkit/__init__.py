@@ -21,9 +21,20 @@ __all__ = ["attention", "group_query_attention", "available_backends", "__versio
 
 __version__: str = _attnkit.__version__
 
+_TORCH_OPS: Any = None  # attnkit._torch_ops once loaded (it imports torch and registers torch.ops.attnkit.*)
+
+
+def _load_torch_ops() -> Any:
+    global _TORCH_OPS
+    from . import _torch_ops
+
+    _TORCH_OPS = _torch_ops
+    return _torch_ops
+
+
 # torch.ops.attnkit.* exist as soon as both are imported (torch.export.load needs them before any call).
 if sys.modules.get("torch") is not None:
-    from . import _torch_ops  # noqa: F401
+    _load_torch_ops()
 
 
 def available_backends() -> List[str]:
@@ -254,9 +265,15 @@ def attention(
             (``"argument: rule"``). Nothing is written.
     """
     if _is_torch_tensor(q):
-        from . import _torch_ops  # registers torch.ops.attnkit.* on first use
-
-        return _torch_ops.attention(
+        ops = _TORCH_OPS or _load_torch_ops()
+        # The common call (every option of its plain type) without the checks below: a small eager call's cost is
+        # mostly Python (bench/python_call_overhead.py); the binding still checks every value.
+        if (causal_offset is None and window is None and softcap is None and (scale is None or type(scale) is float)
+                and (threads is None or type(threads) is int) and type(masked_rows) is str and type(layout) is str
+                and type(backend) is str):
+            return ops.attention(q, k, v, mask, key_lengths, head_sink, bool(causal), None, None, None, None, scale,
+                                 masked_rows, bool(return_lse), out, layout, threads, backend)
+        return ops.attention(
             q, k, v, mask, key_lengths, head_sink, bool(causal), *_causal_offset(causal_offset),
             _optional_int("window", window), _optional_float("softcap", softcap), _optional_float("scale", scale),
             _choice("masked_rows", masked_rows, ("nan", "zero")), bool(return_lse), out,
@@ -472,8 +489,7 @@ def group_query_attention(
     if seqlens_k is None:
         raise TypeError("seqlens_k: is required (int32 (batch,): each sequence's total length minus one)")
     if _is_torch_tensor(query):
-        from . import _torch_ops  # registers torch.ops.attnkit.* on first use
-
+        _torch_ops = _TORCH_OPS or _load_torch_ops()
         if total_sequence_length is None:
             _total_sequence_length(None)
         attrs = (

@@ -279,3 +279,15 @@ def test_cuda_graph_capture_of_a_gqa_decode_step_in_place():
     torch.testing.assert_close(captured, want, rtol=0, atol=0)
     torch.testing.assert_close(cache_k, ref_k, rtol=0, atol=0)  # appended in place by the replay
     torch.testing.assert_close(cache_v, ref_v, rtol=0, atol=0)
+
+
+def test_compiled_first_call_with_attnkit_imported_before_torch():
+    """`import attnkit` before torch: the first call, inside a compiled function, loads and registers the ops."""
+    import subprocess
+    import sys
+
+    code = ("import attnkit\nimport torch\nassert attnkit._TORCH_OPS is None\nq = torch.randn(1, 2, 3, 8)\n"
+            "f = torch.compile(lambda q: attnkit.attention(q, q, q, causal=True) + 1, fullgraph=True)\n"
+            "assert torch.equal(f(q), attnkit.attention(q, q, q, causal=True) + 1)\nprint('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
