@@ -74,18 +74,22 @@ def torch_calls(device):
     ]
 
 
-def time_call(call, calls, rounds, sync=None):
-    for _ in range(100):
-        call()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def time_calls(calls_by_name, calls, rounds, sync=None):
+    """Median µs per call of each, the rounds interleaved (round r times every call once), so that a machine whose
+    load changes over the run slows all of them alike and the ratios hold."""
+    for _, call in calls_by_name:
+        for _ in range(100):
             call()
-        if sync:
-            sync()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    times = {name: [] for name, _ in calls_by_name}
+    for _ in range(rounds):
+        for name, call in calls_by_name:
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            if sync:
+                sync()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return [(name, statistics.median(times[name])) for name, _ in calls_by_name]
 
 
 def main():
@@ -114,9 +118,10 @@ def main():
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and "cuda" in attnkit.available_backends() else [])
     for device in devices:
         sync = torch.cuda.synchronize if device == "cuda" else None
-        rows = [(name, time_call(call, args.calls, args.rounds, sync)) for name, call in torch_calls(device)]
+        rows = time_calls(torch_calls(device), args.calls, args.rounds, sync)
         sdpa = rows[0][1]
-        print(f"torch {torch.__version__}, {device} tensors 1 x 4 x 1 x 64 over 16 keys, float32:")
+        print(f"torch {torch.__version__}, {device} tensors 1 x 4 x 1 x 64 over 16 keys, float32 (median of "
+              f"{args.rounds} interleaved rounds of {args.calls}):")
         for name, us in rows:
             print(f"  {name}: {us:.1f} us per call, {us / sdpa:.2f}x SDPA")
 
