@@ -291,3 +291,14 @@ def test_compiled_first_call_with_attnkit_imported_before_torch():
             "assert torch.equal(f(q), attnkit.attention(q, q, q, causal=True) + 1)\nprint('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_compile_with_dynamic_shapes():
+    """The fake kernels take symbolic sizes: one compiled graph serves several sequence lengths."""
+    f = torch.compile(lambda q, k, v: akt.scaled_dot_product_attention(q, k, v, is_causal=True), fullgraph=True,
+                      dynamic=True)
+    g = torch.Generator().manual_seed(12)
+    for length in (3, 5, 9):
+        q, k, v = _qkv(g, 2, 4, 4, length, length, 16)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+        assert (f(q, k, v).double() - want).abs().max().item() <= 1e-5
