@@ -12,6 +12,7 @@ host arrays (the CPU backend) or CUDA arrays (the CUDA backend). See ``help(attn
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, List, Optional, Tuple, Union
 
 from . import _attnkit
@@ -19,6 +20,21 @@ from . import _attnkit
 __all__ = ["attention", "group_query_attention", "available_backends", "__version__"]
 
 __version__: str = _attnkit.__version__
+
+_TORCH_OPS: Any = None  # attnkit._torch_ops once loaded (it imports torch and registers torch.ops.attnkit.*)
+
+
+def _load_torch_ops() -> Any:
+    global _TORCH_OPS
+    from . import _torch_ops
+
+    _TORCH_OPS = _torch_ops
+    return _torch_ops
+
+
+# torch.ops.attnkit.* exist as soon as both are imported (torch.export.load needs them before any call).
+if sys.modules.get("torch") is not None:
+    _load_torch_ops()
 
 
 def available_backends() -> List[str]:
@@ -157,6 +173,25 @@ def _choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
     return value
 
 
+def _host_mask(mask: Any, q: Any) -> Any:
+    """A NumPy boolean mask (True: visible, as SDPA) as an additive mask (float16/bfloat16 like q, else float32)."""
+    if mask is None or str(getattr(mask, "dtype", "")) != "bool" or _on_cuda(mask):
+        return mask
+    import numpy as np
+
+    dtype = _numpy_dtype(q) if str(getattr(q, "dtype", "")) in ("float16", "bfloat16") else np.float32
+    return np.where(np.asarray(mask), np.zeros((), dtype), np.full((), -np.inf, dtype))
+
+
+def _host_int32(lengths: Any) -> Any:
+    """NumPy int64 lengths as int32; a value past int32 becomes int32's limit, which the range check refuses."""
+    if lengths is None or str(getattr(lengths, "dtype", "")) != "int64" or _on_cuda(lengths):
+        return lengths
+    import numpy as np
+
+    return np.clip(np.asarray(lengths), -1, 2**31 - 1).astype(np.int32)
+
+
 def attention(
     q: Any,
     k: Any,
@@ -194,10 +229,13 @@ def attention(
         k: keys, ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``), q's dtype. ``H`` must be a multiple of ``Hkv``:
             query head ``h`` reads key/value head ``h // (H // Hkv)`` (grouped / multi-query attention).
         v: values, ``[B, Hkv, Sk, Dv]`` (or ``[B, Sk, Hkv, Dv]``), q's dtype; ``Dv`` may differ from ``D``.
-        mask: additive float32 mask broadcastable (NumPy rules) to ``[B, H, Sq, Sk]`` whatever the layout; the
-            key dimension must be ``Sk``. ``-inf`` hides a key.
-        key_lengths: int32 ``[B]``: keys at or past ``key_lengths[b]`` are hidden.
-        causal: query ``i`` sees key ``j`` only when ``j <= i + causal_offset``.
+        mask: additive mask (float32, float16 or bfloat16; ``-inf`` hides a key) or boolean mask (True: visible,
+            as SDPA's; made into an additive one), broadcastable (NumPy rules) to ``[B, H, Sq, Sk]`` whatever the
+            layout; the key dimension must be ``Sk``.
+        key_lengths: int32 or int64 ``[B]``: keys at or past ``key_lengths[b]`` are hidden.
+        causal: query ``i`` sees key ``j`` only when ``j <= i + causal_offset``: by default bottom-right aligned
+            (the last query sees every key). SDPA's ``is_causal`` is top-left (``causal_offset=0``); see
+            ``attnkit.torch.scaled_dot_product_attention`` for SDPA's semantics.
         causal_offset: defaults to ``Sk - Sq`` (the last query sees every key); needs ``causal=True``. An int,
             or an int32 array ``[B]`` of per-batch offsets (a right-padded batch whose queries sit at different
             positions).
@@ -218,7 +256,9 @@ def attention(
         threads: CPU worker threads (default: all cores); the result does not depend on it.
         plan: plan overrides for tests and benchmarks that compare kernels on one problem, e.g.
             ``"kernel=mma,splits=4,off=plain+call-pdl"`` (the C++ ``PlanOverrides`` text form); ``""`` (default):
-            the plan's own choices. A bad name raises ValueError.
+            the plan's own choices. A bad name raises ValueError. With torch tensors a non-empty ``plan`` calls
+            the binding directly (eager and CUDA-graph capture; not through the torch custom op, so not under
+            ``torch.compile``).
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
             ``"reference"`` (float64, slow: the oracle of the tests) or ``"cuda"`` (CUDA arrays only).
 
@@ -230,6 +270,22 @@ def attention(
         ValueError: a shape, stride, device or option is not accepted; the message is the library's
             (``"argument: rule"``). Nothing is written.
     """
+    if _is_torch_tensor(q) and not plan:  # (plan overrides, for benchmarks: the binding itself, eager calls only)
+        ops = _TORCH_OPS or _load_torch_ops()
+        # The common call (every option of its plain type) without the checks below: a small eager call's cost is
+        # mostly Python (bench/python_call_overhead.py); the binding still checks every value.
+        if (causal_offset is None and window is None and softcap is None and (scale is None or type(scale) is float)
+                and (threads is None or type(threads) is int) and type(masked_rows) is str and type(layout) is str
+                and type(backend) is str):
+            return ops.attention(q, k, v, mask, key_lengths, head_sink, bool(causal), None, None, None, None, scale,
+                                 masked_rows, bool(return_lse), out, layout, threads, backend)
+        return ops.attention(
+            q, k, v, mask, key_lengths, head_sink, bool(causal), *_causal_offset(causal_offset),
+            _optional_int("window", window), _optional_float("softcap", softcap), _optional_float("scale", scale),
+            _choice("masked_rows", masked_rows, ("nan", "zero")), bool(return_lse), out,
+            _choice("layout", layout, ("bhsd", "bshd")), _optional_int("threads", threads),
+            _choice("backend", backend, ("auto", "cpu", "reference", "cuda")))
+    mask, key_lengths = _host_mask(mask, q), _host_int32(key_lengths)
     o, lse = _attnkit.attention(
         q,
         k,
@@ -250,6 +306,7 @@ def attention(
         _choice("backend", backend, ("auto", "cpu", "reference", "cuda")),
         _current_stream(q),
         _allocator(q),
+        None,
         str(plan),
     )
     return (o, lse) if return_lse else o
@@ -439,6 +496,24 @@ def group_query_attention(
     """
     if seqlens_k is None:
         raise TypeError("seqlens_k: is required (int32 (batch,): each sequence's total length minus one)")
+    if _is_torch_tensor(query):
+        _torch_ops = _TORCH_OPS or _load_torch_ops()
+        if total_sequence_length is None:
+            _total_sequence_length(None)
+        attrs = (
+            _int_attribute("num_heads", num_heads), _int_attribute("kv_num_heads", kv_num_heads),
+            _float_attribute("scale", scale), _float_attribute("softcap", softcap),
+            _int_attribute("local_window_size", local_window_size), _int_attribute("causal", causal),
+            _int_attribute("do_rotary", do_rotary), _int_attribute("rotary_interleaved", rotary_interleaved),
+            _int_attribute("smooth_softmax", smooth_softmax), _int_attribute("qk_output", qk_output),
+            _string_attribute("k_quant_type", k_quant_type), _string_attribute("v_quant_type", v_quant_type),
+            _int_attribute("kv_cache_bit_width", kv_cache_bit_width),
+            _int_attribute("sliding_window_cache", sliding_window_cache),
+            _float_attribute("qk_norm_epsilon", qk_norm_epsilon))
+        return _torch_ops.group_query_attention(
+            (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+             attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight), total_sequence_length,
+            (output, present_key, present_value, output_qk), attrs, _optional_int("threads", threads))
     inputs = tuple(_fast_dlpack(x) for x in (
         query, key, value, past_key, past_value, seqlens_k, _total_sequence_length(total_sequence_length), cos_cache,
         sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight))

@@ -26,6 +26,7 @@ def attention(
     backend: str,
     stream: int,
     alloc: Callable[[Tuple[int, ...], str], Any],
+    lse: Any = None,
 ) -> Tuple[Any, Optional[Any]]:
     """Runs the attention op; see attnkit.attention. Returns (out, lse or None)."""
 

@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -114,7 +115,8 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
                     std::optional<std::int64_t> window,
                     std::optional<float> softcap, std::optional<float> scale, const std::string& masked_rows,
                     bool return_lse, nb::handle out_obj, const std::string& layout, std::optional<int> threads,
-                    const std::string& backend, std::uintptr_t stream, nb::callable alloc, const std::string& plan) {
+                    const std::string& backend, std::uintptr_t stream, nb::callable alloc, nb::handle lse_obj,
+                    const std::string& plan) {
   // Options first: they need no array.
   const Axes axes = parse_axes(layout);
   AttentionProblem p;
@@ -165,7 +167,9 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   require_element(k, q.element, same);
   require_element(v, q.element, same);
   if (out) require_element(*out, q.element, same);
-  if (mask) require_element(*mask, Element::f32, "is not supported: the mask is float32 (additive, -inf hides a key)");
+  if (mask && mask->element != Element::f16 && mask->element != Element::bf16)
+    require_element(*mask, Element::f32,
+                    "is not supported: the mask is float32, float16 or bfloat16 (additive, -inf hides a key) or bool");
   if (lengths) require_element(*lengths, Element::i32, "is not supported: key_lengths is int32");
   if (offsets)
     require_element(*offsets, Element::i32, "is not supported: per-batch causal offsets are int32 (or pass an int)");
@@ -214,6 +218,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   p.v = tensor_layout(v, axes);
   if (mask) {
     p.has_mask = true;
+    p.mask_dtype = to_dtype(mask->element);
     p.mask = mask_layout(*mask, {batch, heads, q_len, k_len});
   }
   p.has_key_lengths = lengths.has_value();
@@ -244,7 +249,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   nb::object lse_result = nb::none();
   std::optional<ArrayArg> lse;
   if (return_lse) {
-    lse_result = alloc(shape_tuple(lse_shape), "lse");
+    lse_result = lse_obj.is_none() ? alloc(shape_tuple(lse_shape), "lse") : nb::borrow(lse_obj);
     lse = import_array(lse_result, "lse", true);
     require_same_device(*lse, q);
     require_element(*lse, Element::f32, "was allocated with the wrong dtype");
@@ -279,6 +284,15 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   AttentionArgs args;
   if (scratch) {
     args.scratch = scratch->data;
+    args.scratch_bytes = op.scratch_bytes();
+  } else if (op.backend() != Backend::Cuda && op.scratch_bytes() > 0) {
+    // Host scratch kept per thread between calls: the op is new each call, and its own buffer would be allocated
+    // and zeroed every time (most of a tiny call's cost). The kernels never read scratch they did not write.
+    static thread_local std::vector<std::byte> host_scratch;
+    constexpr std::size_t kAlign = 64;
+    if (host_scratch.size() < op.scratch_bytes() + kAlign) host_scratch.resize(op.scratch_bytes() + kAlign);
+    const auto address = reinterpret_cast<std::uintptr_t>(host_scratch.data());
+    args.scratch = host_scratch.data() + (kAlign - address % kAlign) % kAlign;
     args.scratch_bytes = op.scratch_bytes();
   }
   args.q = {q.data, q.extent()};
@@ -355,11 +369,26 @@ int run_cli(const std::vector<std::string>& args) {
   PythonStreamBuf out_buf("stdout"), err_buf("stderr");
   std::ostream out(&out_buf), err(&err_buf);
   int rc = 0;
+  bool interrupted = false;
+  // Ctrl-C: Python's handler only sets a flag while the GIL is released; the tool asks between cases.
+  // The handler's exception is cleared here (the tool's output still goes through sys.stdout) and raised after.
+  auto stop = [&interrupted] {
+    nb::gil_scoped_acquire acquire;
+    if (!interrupted && PyErr_CheckSignals() != 0) {
+      PyErr_Clear();
+      interrupted = true;
+    }
+    return interrupted;
+  };
   {
     nb::gil_scoped_release release;
-    rc = attnkit::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
+    rc = attnkit::cli::run(static_cast<int>(argv.size()), argv.data(), out, err, stop);
     out.flush();
     err.flush();
+  }
+  if (interrupted) {  // KeyboardInterrupt, raised where Python expects it
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw nb::python_error();
   }
   return rc;
 #else
@@ -400,9 +429,10 @@ NB_MODULE(_attnkit, m) {
         nb::arg("causal_offset").none(), nb::arg("causal_offsets").none(), nb::arg("window").none(), nb::arg("softcap").none(),
         nb::arg("scale").none(), nb::arg("masked_rows"), nb::arg("return_lse"), nb::arg("out").none(),
         nb::arg("layout"), nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"),
-        nb::arg("plan") = "",
+        nb::arg("lse") = nb::none(), nb::arg("plan") = "",
         "Runs the attention op; see attnkit.attention (which allocates outputs through `alloc(shape, what)` and "
-        "passes the caller's current CUDA stream as an integer, 0 for the default stream). "
+        "passes the caller's current CUDA stream as an integer, 0 for the default stream; `lse`: a float32 "
+        "[B, H, Sq] destination for return_lse instead of alloc's). "
         "Returns (out, lse or None).");
   m.def("available_backends", &backends, "Backends this build can run now, e.g. ['cpu', 'reference'].");
   m.def("_cli", &run_cli, nb::arg("argv"),

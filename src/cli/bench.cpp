@@ -186,6 +186,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& opts) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--markdown", opts.markdown_path, "Also write the results as a Markdown table to this file")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--csv", opts.csv_path, "Also write the results as CSV (one line per case and dtype) to this file")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   return cmd;
 }
 
@@ -196,7 +198,7 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
     return kExitOk;
   }
   // Open the report files first: a bad path should fail before minutes of timing, not after.
-  std::ofstream json, markdown;
+  std::ofstream json, markdown, csv;
   if (!opts.json_path.empty()) {
     json.open(opts.json_path);
     if (!json) throw UsageError("--json: cannot write '" + opts.json_path + "'");
@@ -204,6 +206,10 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
   if (!opts.markdown_path.empty()) {
     markdown.open(opts.markdown_path);
     if (!markdown) throw UsageError("--markdown: cannot write '" + opts.markdown_path + "'");
+  }
+  if (!opts.csv_path.empty()) {
+    csv.open(opts.csv_path);
+    if (!csv) throw UsageError("--csv: cannot write '" + opts.csv_path + "'");
   }
 
   BenchHeader h;
@@ -226,10 +232,16 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
 
   std::vector<BenchRow> rows;
   bool failed = false;
+  const auto start = std::chrono::steady_clock::now();
   for (const Job& job : jobs) {
+    if (ctx.should_stop()) {
+      ctx.out << strprintf("interrupted: %zu of %zu case/dtype pairs timed", rows.size(), jobs.size()) << std::endl;
+      return kExitInterrupted;
+    }
     BenchRow row = bench_one(job, opts, h.threads);
     failed = failed || row.failed;
-    std::string line = strprintf("%s %s: fused %s, unfused %s", row.label.c_str(), row.dtype.c_str(),
+    std::string line = progress(rows.size() + 1, jobs.size(), start) +
+                       strprintf(" %s %s: fused %s, unfused %s", row.label.c_str(), row.dtype.c_str(),
                                  ms(row.fused).c_str(), ms(row.unfused).c_str());
     if (const auto s = row.speedup()) line += strprintf(", speed-up %.2fx", *s);
     if (row.fused_error && row.unfused_error)
@@ -251,6 +263,12 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
     markdown.close();
     if (!markdown) throw std::runtime_error("writing '" + opts.markdown_path + "' failed");
     ctx.out << "wrote " << opts.markdown_path << "\n";
+  }
+  if (csv.is_open()) {
+    write_csv(csv, rows);
+    csv.close();
+    if (!csv) throw std::runtime_error("writing '" + opts.csv_path + "' failed");
+    ctx.out << "wrote " << opts.csv_path << "\n";
   }
   ctx.out << "\n";
   print_table(ctx.out, h, rows);

@@ -62,5 +62,7 @@ void print_table(std::ostream& out, const BenchHeader& header, const std::vector
 // The same results with the header, as JSON and as Markdown.
 void write_json(std::ostream& out, const BenchHeader& header, const std::vector<BenchRow>& rows);
 void write_markdown(std::ostream& out, const BenchHeader& header, const std::vector<BenchRow>& rows);
+// One line per case/dtype pair under a header line (every number, empty where none; no header block).
+void write_csv(std::ostream& out, const std::vector<BenchRow>& rows);
 
 }  // namespace attnkit::cli

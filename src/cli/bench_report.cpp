@@ -145,4 +145,26 @@ void write_markdown(std::ostream& out, const BenchHeader& h, const std::vector<B
   }
 }
 
+void write_csv(std::ostream& out, const std::vector<BenchRow>& rows) {
+  out << "case,file,dtype,fused_ms,unfused_ms,speedup,fused_gflops,fused_gbps,fused_error,unfused_error,bound,status\n";
+  auto num = [](bool has, double v, const char* fmt) { return has ? strprintf(fmt, v) : std::string(); };
+  auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  for (const BenchRow& r : rows) {
+    const auto speedup = r.speedup();
+    out << quoted(r.label) << ',' << quoted(r.file) << ',' << r.dtype << ','
+        << num(r.fused.has_value(), r.fused ? r.fused->median_s * 1e3 : 0, "%.6g") << ','
+        << num(r.unfused.has_value(), r.unfused ? r.unfused->median_s * 1e3 : 0, "%.6g") << ','
+        << num(speedup.has_value(), speedup.value_or(0), "%.4f") << ','
+        << num(r.fused.has_value(), r.fused ? r.gflops(*r.fused) : 0, "%.4g") << ','
+        << num(r.fused.has_value(), r.fused ? r.gbps(*r.fused) : 0, "%.4g") << ','
+        << num(r.fused_error.has_value(), r.fused_error.value_or(0), "%.3e") << ','
+        << num(r.unfused_error.has_value(), r.unfused_error.value_or(0), "%.3e") << ',' << strprintf("%.1e", r.bound)
+        << ',' << quoted(r.status) << '\n';
+  }
+}
+
 }  // namespace attnkit::cli

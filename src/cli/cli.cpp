@@ -12,6 +12,10 @@ namespace attnkit::cli {
 int run(int argc, const char* const* argv) { return run(argc, argv, std::cout, std::cerr); }
 
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  return run(argc, argv, out, err, std::function<bool()>{});
+}
+
+int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err, const std::function<bool()>& stop) {
   CLI::App app{"attnkit: fused attention kernels. Describe the machine, verify the case list against the "
                "float64 reference, time the fused op against GEMM + softmax + GEMM, or run GroupQueryAttention's prefill and "
                "decode steps.",
@@ -40,7 +44,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     return app.exit(e, out, err);  // --help and --version land here too, with code 0
   }
 
-  Context ctx{out, err, quote_command_line(argc, argv)};
+  Context ctx{out, err, quote_command_line(argc, argv), stop};
   try {
     if (info->parsed()) return run_info(info_opts, ctx);
     if (verify->parsed()) return run_verify(verify_opts, ctx);

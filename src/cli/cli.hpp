@@ -5,6 +5,7 @@
 // global state and never calls std::exit, so the executable (main.cpp) and the Python extension share it.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 
 namespace attnkit::cli {
@@ -14,5 +15,9 @@ int run(int argc, const char* const* argv);
 
 // The same, writing to the given streams (for callers that capture the output).
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+// The same, asking `stop` between work items (cases of verify and bench) whether to stop: when it says so, the
+// run ends there with exit code 130 (the shell's code for Ctrl-C). The Python extension checks for signals.
+int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err, const std::function<bool()>& stop);
 
 }  // namespace attnkit::cli

@@ -8,7 +8,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
@@ -20,13 +22,20 @@ namespace attnkit::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;  // a check failed, or a run threw
 inline constexpr int kExitUsage = 2;   // bad input on the command line (unknown case, dtype, tag, ...)
+inline constexpr int kExitInterrupted = 130;  // stopped between work items (Ctrl-C)
 
 // Where a subcommand writes, and the command line it was started with (recorded in bench reports).
 struct Context {
   std::ostream& out;
   std::ostream& err;
   std::string command_line;
+  std::function<bool()> stop;  // asked between work items; true: end the run (kExitInterrupted)
+
+  bool should_stop() const { return stop && stop(); }
 };
+
+// "[3/40, 1.2 s, ~14.8 s left]": where a long run is, for the start of each result line.
+std::string progress(std::size_t done, std::size_t total, std::chrono::steady_clock::time_point start);
 
 // Bad command-line input found after parsing (an unknown case, a dtype no case has...): reported as
 // "attnkit: error: <message>" with exit code kExitUsage.
@@ -113,6 +122,7 @@ struct BenchOptions {
   double min_time = 0.5;  // seconds of timed runs per op and case
   std::string json_path;
   std::string markdown_path;
+  std::string csv_path;
 };
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& opts);
 int run_bench(const BenchOptions& opts, Context& ctx);
@@ -133,6 +143,7 @@ struct GqaBenchOptions {
   int threads = 0;
   std::string device = "cpu";  // cpu | cuda
   std::uint64_t seed = kDefaultSeed;
+  std::string json_path;  // --json: the run's settings and times
 };
 CLI::App* add_gqa_command(CLI::App& app, GqaBenchOptions& opts);
 int run_gqa(const GqaBenchOptions& opts, Context& ctx);

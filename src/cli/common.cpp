@@ -266,3 +266,14 @@ std::string quote_command_line(int argc, const char* const* argv) {
 }
 
 }  // namespace attnkit::cli
+
+namespace attnkit::cli {
+
+std::string progress(std::size_t done, std::size_t total, std::chrono::steady_clock::time_point start) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double left = done > 0 && done < total ? elapsed / static_cast<double>(done) * static_cast<double>(total - done)
+                                               : 0.0;
+  return strprintf("[%zu/%zu, %.1f s, ~%.1f s left]", done, total, elapsed, left);
+}
+
+}  // namespace attnkit::cli

@@ -8,7 +8,10 @@
 #include <attnkit/gqa.hpp>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
 #include "cuda/cuda_backend.hpp"
@@ -52,6 +55,32 @@ std::vector<std::byte> random_tensor(DType t, std::int64_t n, std::mt19937_64& r
   return b;
 }
 
+// --json: the settings, the prefill's seconds and every decode step's, for scripts.
+void write_gqa_json(const std::string& path, std::ofstream& file, const GqaBenchOptions& o, const std::string& kernel,
+                    double prefill_s, const std::vector<double>& steps_s, const std::string& command) {
+  nlohmann::ordered_json j;
+  j["command"] = command;
+  j["settings"] = {{"batch", o.batch},   {"prompt", o.prompt},   {"steps", o.steps},   {"heads", o.heads},
+                   {"kv_heads", o.kv_heads}, {"head_size", o.head_size}, {"dtype", o.dtype}, {"cache", o.cache},
+                   {"quant", o.quant},   {"window", o.window},   {"rotary", o.rotary}, {"threads", o.threads},
+                   {"device", o.device}, {"seed", o.seed}};
+  j["kernel"] = kernel;
+  j["prefill_ms"] = prefill_s * 1e3;
+  j["prefill_tokens_per_s"] = static_cast<double>(o.batch * o.prompt) / prefill_s;
+  std::vector<double> ms;
+  for (double s : steps_s) ms.push_back(s * 1e3);
+  j["decode_ms"] = ms;
+  if (!steps_s.empty()) {
+    std::vector<double> sorted = steps_s;
+    std::sort(sorted.begin(), sorted.end());
+    j["decode_median_ms"] = sorted[sorted.size() / 2] * 1e3;
+    j["decode_tokens_per_s"] = static_cast<double>(o.batch) / sorted[sorted.size() / 2];
+  }
+  file << j.dump(2) << "\n";
+  file.close();
+  if (!file) throw std::runtime_error("writing '" + path + "' failed");
+}
+
 ElementType element_of(DType t) {
   return t == DType::f32 ? ElementType::float32 : t == DType::f16 ? ElementType::float16 : ElementType::bfloat16;
 }
@@ -85,6 +114,7 @@ CLI::App* add_gqa_command(CLI::App& app, GqaBenchOptions& o) {
       ->check(CLI::Range(0, 65536));
   cmd->add_option("--device", o.device, "Where the op runs: cpu or cuda")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the random inputs")->capture_default_str();
+  cmd->add_option("--json", o.json_path, "Also write the settings and times as JSON to this file");
   return cmd;
 }
 
@@ -94,6 +124,11 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
     throw UsageError("--quant: '" + o.quant + "' is not per-tensor or per-channel");
   }
   if (o.heads % o.kv_heads != 0) throw UsageError("--heads must be a multiple of --kv-heads");
+  std::ofstream json;  // opened first: a bad path fails before the run
+  if (!o.json_path.empty()) {
+    json.open(o.json_path);
+    if (!json) throw UsageError("--json: cannot write '" + o.json_path + "'");
+  }
   const std::int64_t B = o.batch, P = o.prompt, N = o.heads, Nkv = o.kv_heads, H = o.head_size;
   const std::int64_t capacity = P + o.steps;
   const DType t = cache.dtype;
@@ -197,6 +232,7 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   ctx.out << strprintf("      cache %lld rows per head, %.1f MiB for K and V\n", static_cast<long long>(capacity),
                        2.0 * static_cast<double>(k_cache.size()) / (1 << 20));
 
+  double prefill_s = 0.0;
   {
     const auto q = random_tensor(t, B * P * N * H, rng), k = random_tensor(t, B * P * Nkv * H, rng),
                v = random_tensor(t, B * P * Nkv * H, rng);
@@ -207,12 +243,15 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
     void* out_at = place(out.data(), out.size());
     const auto t0 = Clock::now();
     call(P, 0, q_at, kn_at, vn_at, out_at);
-    const double s = seconds_since(t0);
+    const double s = prefill_s = seconds_since(t0);
     ctx.out << strprintf("prefill  %lld tokens x %lld: %9.3f ms  %10.0f tokens/s   [%s]\n", static_cast<long long>(P),
                          static_cast<long long>(B), s * 1e3, static_cast<double>(B * P) / s, op.describe().c_str())
             << std::flush;
   }
-  if (o.steps == 0) return kExitOk;
+  if (o.steps == 0) {
+    if (json.is_open()) write_gqa_json(o.json_path, json, o, op.describe(), prefill_s, {}, ctx.command_line);
+    return kExitOk;
+  }
 
   const auto q = random_tensor(t, B * N * H, rng), k = random_tensor(t, B * Nkv * H, rng),
              v = random_tensor(t, B * Nkv * H, rng);
@@ -223,6 +262,11 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   void* out_at = place(out.data(), out.size());
   std::vector<double> times;
   for (std::int64_t step = 0; step < o.steps; ++step) {
+    if (ctx.should_stop()) {
+      ctx.out << strprintf("interrupted after %lld of %lld decode steps\n", static_cast<long long>(step),
+                           static_cast<long long>(o.steps));
+      return kExitInterrupted;
+    }
     const auto t0 = Clock::now();
     call(1, P + step, q_at, k_new, v_new, out_at);
     times.push_back(seconds_since(t0));
@@ -244,6 +288,10 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
                        static_cast<long long>(o.steps), median * 1e3, sorted.front() * 1e3,
                        sum / static_cast<double>(times.size()) * 1e3, static_cast<double>(B) / median,
                        op.describe().c_str());
+  if (json.is_open()) {
+    write_gqa_json(o.json_path, json, o, op.describe(), prefill_s, times, ctx.command_line);
+    ctx.out << "wrote " << o.json_path << "\n";
+  }
   return kExitOk;
 }
 

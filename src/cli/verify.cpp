@@ -105,8 +105,15 @@ int run_verify(const VerifyOptions& opts, Context& ctx) {
   const auto start = std::chrono::steady_clock::now();
   int passed = 0, failed = 0;
   for (const Job& job : jobs) {
+    if (ctx.should_stop()) {
+      ctx.out << strprintf("interrupted: %d passed, %d failed, %zu not run", passed, failed,
+                           jobs.size() - static_cast<std::size_t>(passed + failed))
+              << std::endl;
+      return kExitInterrupted;
+    }
     const Outcome r = verify_one(job, backend, opts.select);
-    std::string line = strprintf("%s  %-*s  %-8s  err %.2e  bound %.0e", r.pass ? "PASS" : "FAIL",
+    std::string line = progress(static_cast<std::size_t>(passed + failed + 1), jobs.size(), start) +
+                       strprintf(" %s  %-*s  %-8s  err %.2e  bound %.0e", r.pass ? "PASS" : "FAIL",
                                  static_cast<int>(width), job.label.c_str(), dtype_string(job.dtype).c_str(), r.error,
                                  r.bound);
     if (!r.describe.empty()) line += "  " + r.describe;

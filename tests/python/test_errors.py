@@ -82,9 +82,9 @@ def test_dtypes(inputs, randn):
             out=np.full((2, 4, 6, 8), POISON, np.float16))
     rejects(TypeError, "mask: dtype float64 is not supported: the mask is float32", q, k, v,
             mask=np.zeros((6, 10)))
-    rejects(TypeError, "mask: dtype bool is not supported", q, k, v, mask=np.ones((6, 10), bool))
-    rejects(TypeError, "key_lengths: dtype int64 is not supported: key_lengths is int32", q, k, v,
-            key_lengths=np.array([1, 2]))
+    rejects(TypeError, "mask: dtype uint8 is not supported", q, k, v, mask=np.ones((6, 10), np.uint8))
+    rejects(TypeError, "key_lengths: dtype int16 is not supported: key_lengths is int32", q, k, v,
+            key_lengths=np.array([1, 2], np.int16))  # int64 is taken (test_inputs.py)
     rejects(TypeError, "head_sink: dtype float64 is not supported", q, k, v, head_sink=np.zeros(4))
     rejects(TypeError, "causal_offset: dtype int64 is not supported: per-batch causal offsets are int32", q, k, v,
             causal=True, causal_offset=np.array([1, 2]))

@@ -1,0 +1,337 @@
+"""attnkit's ops as PyTorch custom ops: ``torch.ops.attnkit.attention`` and ``torch.ops.attnkit.group_query_attention``.
+
+Imported (and so registered) by ``import attnkit`` when torch is already imported, by ``import attnkit.torch``, and
+by the first ``attnkit.attention`` / ``attnkit.group_query_attention`` call on a torch tensor. Each op has a fake
+kernel (shapes, dtypes and strides of its outputs without running it), so ``torch.compile(fullgraph=True)``,
+``torch.export`` and ``make_fx`` see one opaque node; the GQA op names the caches it appends to in place as mutated.
+CUDA tensors run on the caller's current stream with outputs and scratch from torch's allocator, so a call can be
+captured into a CUDA graph.
+
+An eager call on plain tensors (no tracing, no compiling, no dispatch mode) runs the same implementation directly,
+without the dispatcher's round trip: a tiny call's cost is then the binding's alone. Everything else goes through
+``torch.ops.attnkit.*``. There is no backward: a tensor that requires grad is refused, naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from . import _attnkit
+
+_INT32_MAX = 2**31 - 1
+
+
+def refuse_grad(**tensors: Any) -> None:
+    """Raises when any tensor requires grad (attnkit has no backward; detaching silently would cut the graph)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(f"{name}: requires grad, but attnkit has no backward (its result would silently cut "
+                               f"the gradient); call it under torch.no_grad() or pass {name}.detach()")
+
+
+def _plain_eager(tensors: Sequence[Any]) -> bool:
+    """Whether this call can skip the dispatcher: eager, untraced, no dispatch mode, plain tensors only."""
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+        return False
+    if torch._C._len_torch_dispatch_stack() != 0:
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
+
+
+def _capsule(t: Any) -> Any:
+    """A tensor as a DLPack capsule made by torch's C function (one exchange, no Python ``__dlpack__``); another
+    array (a NumPy scalar input beside a torch query) as it is."""
+    return to_dlpack(t) if isinstance(t, torch.Tensor) else t
+
+
+def _stream(t: torch.Tensor) -> int:
+    return int(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else 0
+
+
+def _allocator(like: torch.Tensor):
+    def alloc(shape, what_or_dtype: str):
+        if what_or_dtype in ("lse", "scratch"):
+            dtype = torch.float32
+        elif what_or_dtype == "out":
+            dtype = like.dtype
+        else:
+            dtype = getattr(torch, what_or_dtype)
+        return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+
+    return alloc
+
+
+def _refuse_allocation(shape, what):
+    """The allocator of a host call whose outputs were all made beforehand (the binding then asks for nothing)."""
+    raise AssertionError(f"{what}: attnkit asked for an array it was given")
+
+
+def additive_mask(mask: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.Tensor]:
+    """A boolean mask (True: visible, as SDPA) as an additive one in q's dtype (float16/bfloat16) or float32; float
+    masks as they are (the binding names any dtype it refuses)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
+def int32_lengths(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """int64 lengths (torch's default integer type) as the int32 the kernels read. A value past int32 is clamped to
+    int32's limit, which the library's own range check then refuses."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+        return t
+    return t.clamp(-1, _INT32_MAX).to(torch.int32)
+
+
+# ---- attention ----
+
+def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap,
+                    scale, masked_rows, return_lse, layout, threads, backend, out=None):
+    # (Written flat: this is the whole Python cost of a small eager call; bench/python_call_overhead.py times it.)
+    if mask is not None:
+        mask = _capsule(additive_mask(mask, q))
+    if key_lengths is not None:
+        key_lengths = _capsule(int32_lengths(key_lengths))
+    if causal_offsets is not None:
+        causal_offsets = _capsule(int32_lengths(causal_offsets))
+    if head_sink is not None:
+        head_sink = _capsule(head_sink)
+    # The outputs are made here, dense, and go in as capsules like the inputs: one DLPack exchange per array and
+    # no callback (the binding still asks `alloc` for CUDA scratch, and for outputs of a q it will refuse anyway).
+    o = out
+    lse = None
+    if q.dim() == 4 and v.dim() == 4:
+        shape = q.shape
+        if o is None:
+            o = q.new_empty((shape[0], shape[1], shape[2], v.shape[3]))
+        if return_lse:
+            lse = q.new_empty((shape[0], shape[1], shape[2]) if layout == "bhsd" else (shape[0], shape[2], shape[1]),
+                              dtype=torch.float32)
+    result = _attnkit.attention(
+        to_dlpack(q), to_dlpack(k), to_dlpack(v), mask, key_lengths, head_sink, causal, causal_offset,
+        causal_offsets, window, softcap, scale, masked_rows, return_lse, None if o is None else to_dlpack(o), layout,
+        threads, backend, int(torch.cuda.current_stream(q.device).cuda_stream) if q.is_cuda else 0,
+        _allocator(q) if q.is_cuda or o is None or (return_lse and lse is None) else _refuse_allocation,
+        None if lse is None else to_dlpack(lse))
+    if o is None:
+        o = result[0]
+    if lse is None and return_lse:
+        lse = result[1]
+    return o, lse
+
+
+@torch.library.custom_op("attnkit::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                 key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], causal: bool,
+                 causal_offset: Optional[int], causal_offsets: Optional[torch.Tensor], window: Optional[int],
+                 softcap: Optional[float], scale: Optional[float], masked_rows: str, return_lse: bool, layout: str,
+                 threads: Optional[int], backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """attnkit.attention on torch tensors; returns (out, lse), lse of shape (0,) unless return_lse."""
+    o, lse = _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                             softcap, scale, masked_rows, return_lse, layout, threads, backend)
+    return o, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
+
+
+def _out_shape(q: torch.Tensor, v: torch.Tensor, layout: str) -> List[int]:
+    shape = list(q.shape)
+    if len(shape) == 4 and v.dim() == 4:
+        shape[3] = v.shape[3]
+    return shape
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap,
+                    scale, masked_rows, return_lse, layout, threads, backend):
+    torch._check(q.dim() == 4, lambda: f"q: must be 4-D, got shape {tuple(q.shape)}")
+    out = q.new_empty(_out_shape(q, v, layout))
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnkit::attention_out", mutates_args=("out",))
+def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                     key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], causal: bool,
+                     causal_offset: Optional[int], causal_offsets: Optional[torch.Tensor], window: Optional[int],
+                     softcap: Optional[float], scale: Optional[float], masked_rows: str, return_lse: bool,
+                     layout: str, threads: Optional[int], backend: str, out: torch.Tensor) -> torch.Tensor:
+    """attnkit.attention into ``out`` (written in place); returns lse, of shape (0,) unless return_lse."""
+    lse = _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                          softcap, scale, masked_rows, return_lse, layout, threads, backend, out)[1]
+    return lse if lse is not None else q.new_empty((0,), dtype=torch.float32)
+
+
+@attention_out_op.register_fake
+def _attention_out_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                        softcap, scale, masked_rows, return_lse, layout, threads, backend, out):
+    return _attention_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
+                           softcap, scale, masked_rows, return_lse, layout, threads, backend)[1]
+
+
+def attention(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
+              masked_rows, return_lse, out, layout, threads, backend):
+    """attnkit.attention's path for torch tensors (arguments already checked and normalised by attnkit.attention)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or mask is not None
+                                    or head_sink is not None or out is not None):
+        refuse_grad(q=q, k=k, v=v, mask=mask, head_sink=head_sink, out=out)
+    if (mask is None and key_lengths is None and head_sink is None and causal_offsets is None and out is None
+            and not return_lse and type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and q.dim() == 4 and v.dim() == 4 and not torch.compiler.is_compiling()
+            and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0):
+        # The plainest eager call, flat: _attention_impl's steps with nothing optional (most of a tiny call's cost
+        # is this Python; bench/python_call_overhead.py).
+        shape = q.shape
+        o = q.new_empty((shape[0], shape[1], shape[2], v.shape[3]))
+        cuda = q.is_cuda
+        _attnkit.attention(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None, causal, causal_offset, None,
+                           window, softcap, scale, masked_rows, False, to_dlpack(o), layout, threads, backend,
+                           int(torch.cuda.current_stream(q.device).cuda_stream) if cuda else 0,
+                           _allocator(q) if cuda else _refuse_allocation, None)
+        return o
+    args = (q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
+            masked_rows, return_lse, layout, threads, backend)
+    if _plain_eager((q, k, v, mask, key_lengths, head_sink, causal_offsets, out)):
+        o, lse = _attention_impl(*args, out=out)
+    elif out is None:
+        o, lse = attention_op(*args)
+    else:
+        lse = attention_out_op(*args, out)
+        o = out
+    return (o, lse) if return_lse else o
+
+
+# ---- group_query_attention ----
+
+GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+              "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+              "k_norm_weight")
+
+
+def _gqa_impl(inputs: Sequence[Optional[torch.Tensor]], total_sequence_length: int, in_place: bool,
+              outputs: Sequence[Optional[torch.Tensor]], attrs: Tuple, threads: Optional[int]) -> List[torch.Tensor]:
+    query = inputs[0]
+    total = torch.tensor(total_sequence_length, dtype=torch.int32)
+    arrays = list(inputs[:6]) + [total] + list(inputs[6:])
+    arrays[5] = int32_lengths(arrays[5])
+    output, present_key, present_value, output_qk = outputs
+    if in_place:
+        present_key, present_value = arrays[3], arrays[4]
+    results = _attnkit.group_query_attention(
+        tuple(_capsule(a) for a in arrays), *attrs, _capsule(output), _capsule(present_key),
+        _capsule(present_value), _capsule(output_qk), threads, _stream(query), _allocator(query))
+    given = (output, present_key, present_value, output_qk)
+    fresh = []
+    for i in range(4):
+        r = results[i] if i < len(results) else None
+        fresh.append(query.new_empty((0,)) if given[i] is not None or r is None else r)
+    return fresh
+
+
+# The op's schema lists the inputs one by one (torch.library takes no tuple of optional tensors with names).
+@torch.library.custom_op("attnkit::group_query_attention",
+                         mutates_args=("past_key", "past_value", "output", "present_key", "present_value",
+                                       "output_qk"))
+def gqa_op(query: torch.Tensor, key: Optional[torch.Tensor], value: Optional[torch.Tensor],
+           past_key: Optional[torch.Tensor], past_value: Optional[torch.Tensor], seqlens_k: torch.Tensor,
+           total_sequence_length: int, cos_cache: Optional[torch.Tensor], sin_cache: Optional[torch.Tensor],
+           position_ids: Optional[torch.Tensor], attention_bias: Optional[torch.Tensor],
+           head_sink: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+           q_norm_weight: Optional[torch.Tensor], k_norm_weight: Optional[torch.Tensor],
+           output: Optional[torch.Tensor], present_key: Optional[torch.Tensor], present_value: Optional[torch.Tensor],
+           output_qk: Optional[torch.Tensor], in_place_cache: bool, num_heads: int, kv_num_heads: int, scale: float,
+           softcap: float, local_window_size: int, causal: int, do_rotary: int, rotary_interleaved: int,
+           smooth_softmax: int, qk_output: int, k_quant_type: str, v_quant_type: str, kv_cache_bit_width: int,
+           sliding_window_cache: int, qk_norm_epsilon: float, threads: Optional[int]
+           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attnkit.group_query_attention on torch tensors. ``in_place_cache``: present_key / present_value are
+    past_key / past_value themselves (appended in place). Returns [output, present_key, present_value, output_qk]
+    for those the op allocated; an output passed in (or absent) comes back as an empty placeholder."""
+    inputs = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+              attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight)
+    attrs = (num_heads, kv_num_heads, scale, softcap, local_window_size, causal, do_rotary, rotary_interleaved,
+             smooth_softmax, qk_output, k_quant_type, v_quant_type, kv_cache_bit_width, sliding_window_cache,
+             qk_norm_epsilon)
+    return tuple(_gqa_impl(inputs, total_sequence_length, in_place_cache,
+                           (output, present_key, present_value, output_qk), attrs, threads))
+
+
+def _new_cache_format(query: torch.Tensor, quant: str, bit_width: int, head_size: int):
+    """(dtype, last dimension) of a present cache made without a past cache."""
+    if quant != "NONE":
+        return (torch.int8, head_size) if bit_width == 8 else (torch.uint8, (head_size + 1) // 2)
+    return query.dtype, head_size
+
+
+@gqa_op.register_fake
+def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+              position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, output,
+              present_key, present_value, output_qk, in_place_cache, num_heads, kv_num_heads, scale, softcap,
+              local_window_size, causal, do_rotary, rotary_interleaved, smooth_softmax, qk_output, k_quant_type,
+              v_quant_type, kv_cache_bit_width, sliding_window_cache, qk_norm_epsilon, threads):
+    # The shapes ONNX Runtime infers (src/gqa/gqa_check.cpp: output_specs).
+    batch, seq, hidden = query.shape
+    head_size = hidden // (num_heads + 2 * kv_num_heads) if key is None else hidden // num_heads
+    empty = lambda: query.new_empty((0,))  # noqa: E731 - a placeholder each: outputs must not alias
+    fresh = [query.new_empty((batch, seq, num_heads * head_size)) if output is None else empty()]
+    past_rows = past_key.shape[2] if past_key is not None and past_key.dim() == 4 else 0
+    rows = past_rows if past_rows and sliding_window_cache else max(total_sequence_length, past_rows)
+    for past, given, quant in ((past_key, present_key, k_quant_type), (past_value, present_value, v_quant_type)):
+        if in_place_cache or given is not None:
+            fresh.append(empty())
+        elif past is not None and past.dim() == 4:
+            fresh.append(query.new_empty((batch, kv_num_heads, rows, past.shape[3]), dtype=past.dtype))
+        else:
+            dtype, last = _new_cache_format(query, quant, kv_cache_bit_width, head_size)
+            fresh.append(query.new_empty((batch, kv_num_heads, rows, last), dtype=dtype))
+    produced = qk_output != 0 and output_qk is None
+    fresh.append(query.new_empty((batch, num_heads, seq, total_sequence_length)) if produced else empty())
+    return tuple(fresh)
+
+
+def _same_memory(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.data_ptr() == b.data_ptr()
+            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _total_as_int(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.item())  # data-dependent: under torch.compile pass a Python int instead
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        import numpy as np
+
+        return int(np.asarray(value))
+    return int(value)
+
+
+def group_query_attention(inputs: Sequence[Any], total_sequence_length: Any, outputs: Sequence[Any], attrs: Tuple,
+                          threads: Optional[int]) -> Tuple[torch.Tensor, ...]:
+    """attnkit.group_query_attention's path for a torch query (inputs in ONNX Runtime's order but for
+    total_sequence_length, which comes separately; attributes already checked)."""
+    refuse_grad(**{name: t for name, t in zip(GQA_INPUTS[:6] + GQA_INPUTS[7:], inputs)})
+    output, present_key, present_value, output_qk = outputs
+    past_key, past_value = inputs[3], inputs[4]
+    in_place = _same_memory(present_key, past_key) and _same_memory(present_value, past_value)
+    if in_place:
+        present_key = present_value = None
+    total = _total_as_int(total_sequence_length)
+    qk_output = attrs[9]
+    if not _plain_eager(list(inputs) + [output, present_key, present_value, output_qk]):
+        inputs = tuple(t if t is None or isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in inputs)
+    if _plain_eager(list(inputs) + [output, present_key, present_value, output_qk]):
+        fresh = _gqa_impl(inputs, total, in_place, (output, present_key, present_value, output_qk), attrs, threads)
+    else:
+        fresh = gqa_op(*inputs[:6], total, *inputs[6:], output, present_key, present_value, output_qk, in_place,
+                       *attrs, threads)
+    given = (output, past_key if in_place else present_key, past_value if in_place else present_value, output_qk)
+    results = tuple(g if g is not None else f for g, f in zip(given, fresh))
+    return results if qk_output != 0 else results[:3]

@@ -1,0 +1,1 @@
+"""attnkit inside other frameworks: ``attnkit.integrations.transformers`` (Hugging Face transformers)."""
