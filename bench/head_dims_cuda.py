@@ -17,17 +17,14 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 import triton.testing as tt
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cuda import driver_version, git_commit, scaled_error  # noqa: E402
+from bench_cuda import driver_version, git_commit, peer, scaled_error  # noqa: E402
 
 PREFILL_DIMS = [16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256]
 DECODE_DIMS = [64, 80, 96, 128, 192, 256]
-PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-         "efficient": SDPBackend.EFFICIENT_ATTENTION}
+PEERS = ("cudnn", "flash", "efficient")  # (bench_cuda.peer's names)
 
 
 def reference(q, k, v, causal):
@@ -41,14 +38,6 @@ def reference(q, k, v, causal):
         sq, sk = q.shape[2], k.shape[2]
         s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq), float("-inf"))
     return torch.softmax(s, dim=-1) @ v
-
-
-def peer(backend, q, k, v, causal):
-    def run():
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal and q.shape[2] > 1,
-                                                  enable_gqa=q.shape[1] != k.shape[1])
-    return run
 
 
 def time_us(fn, rep):
@@ -70,7 +59,7 @@ def measure(attnkit, case, dt, rep, kernels=False):
     if kernels:  # each tensor-core kernel forced (where it declines the problem, the plan's choice runs)
         impls += [(f"attnkit_{kn}", lambda kn=kn: attnkit.attention(q, k, v, causal=causal, out=o, plan=f"kernel={kn}"))
                   for kn in ("mma", "wgmma")]
-    impls += [(name, peer(be, q, k, v, causal)) for name, be in PEERS.items()]
+    impls += [(name, peer(name, q, k, v, causal)) for name in PEERS]
     for name, fn in impls:
         try:
             out = fn()

@@ -5,6 +5,8 @@
 #include <testing/case_data.hpp>
 #include <testing/device_mirror.hpp>
 
+#include "forced_plan.hpp"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -29,10 +31,6 @@ void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); 
 
 // The plan overrides every op of this binary runs with first: its `--plan=...` argument (PlanOverrides' text
 // form; scripts/gpu-check runs the binary so with the wgmma kernel everywhere and nowhere). "": none.
-std::string& forced_plan() {
-  static std::string plan;
-  return plan;
-}
 
 // The CUDA backend, with the binary's forced plan and then `plan` (PlanOverrides' text form; a later key wins).
 AttentionConfig cuda_config(const std::string& plan = "") {
@@ -505,17 +503,4 @@ TEST(CudaAttention, DeviceKeyLengthsCaptureInAStrictGraph) {
 }  // namespace
 }  // namespace attnkit::testing
 
-// `--plan=<overrides>` (after GoogleTest's own flags): every op of the binary runs with them first.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--plan=", 0) == 0) {
-      attnkit::testing::forced_plan() = arg.substr(7);
-    } else {
-      std::fprintf(stderr, "unknown argument %s (--plan=<overrides>)\n", argv[i]);
-      return 2;
-    }
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return attnkit::testing::run_tests_with_plan_flag(argc, argv); }

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "../gqa_checks.hpp"
+#include "forced_plan.hpp"
 
 namespace attnkit::test {
 namespace {
@@ -82,12 +83,8 @@ struct DeviceCall {
 
 // The plan overrides every GPU op of this binary runs with: its `--plan=...` argument (PlanOverrides' text
 // form; scripts/gpu-check runs the binary once per kernel family), "" for the plan's own choices.
-std::string& forced_plan() {
-  static std::string plan;
-  return plan;
-}
 GqaConfig cuda_config(void* stream = nullptr) {
-  return GqaConfig{Backend::Cuda, 0, stream, parse_plan_overrides(forced_plan())};
+  return GqaConfig{Backend::Cuda, 0, stream, parse_plan_overrides(attnkit::testing::forced_plan())};
 }
 
 
@@ -362,7 +359,7 @@ void expect_gpu_matches_cpu(const GqaOptions& o, const std::string& plan_has) {
   cpu_op.run(cpu.inputs(), cpu.outputs());
   ASSERT_NO_THROW(gpu_op.run(d.inputs(), d.outputs()));
   d.fetch();
-  if (prop.major == 9 && prop.minor == 0 && forced_plan().empty()) {
+  if (prop.major == 9 && prop.minor == 0 && attnkit::testing::forced_plan().empty()) {
     EXPECT_NE(gpu_op.describe().find(plan_has), std::string::npos) << gpu_op.describe();
   }
   double diff = 0, top = 0;
@@ -514,17 +511,4 @@ TEST(CudaGqa, BadInputWritesNothing) {
 }  // namespace
 }  // namespace attnkit::test
 
-// `--plan=<overrides>` (after GoogleTest's own flags): every GPU op of the binary runs with them.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--plan=", 0) == 0) {
-      attnkit::test::forced_plan() = arg.substr(7);
-    } else {
-      std::fprintf(stderr, "unknown argument %s (--plan=<overrides>)\n", argv[i]);
-      return 2;
-    }
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return attnkit::testing::run_tests_with_plan_flag(argc, argv); }
