@@ -46,14 +46,25 @@ CpuIsa host_isa() {
 }
 
 void prefer_tuned_blas_core(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or already re-executed
-  const char* detected = openblas_get_corename();
-  const std::optional<std::string> want = better_blas_core(detected != nullptr ? detected : "", host_isa());
+  if (std::getenv(kDetectedVariable) != nullptr) return;  // this is the re-executed program
+  const char* active = openblas_get_corename();  // what OpenBLAS detected, or what OPENBLAS_CORETYPE said
+  const std::optional<std::string> want = better_blas_core(active != nullptr ? active : "", host_isa());
   if (!want) return;
+  const char* given = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved_core = given != nullptr ? given : "";
+  const char* given_l2 = std::getenv("OPENBLAS_L2_SIZE");
+  const std::string saved_l2 = given_l2 != nullptr ? given_l2 : "";
   setenv("OPENBLAS_CORETYPE", want->c_str(), 1);
-  setenv(kDetectedVariable, detected != nullptr ? detected : "unknown", 1);
+  unsetenv("OPENBLAS_L2_SIZE");  // set for the weaker core's blocking, if at all: the kernels pick their own
+  setenv(kDetectedVariable, active != nullptr ? active : "unknown", 1);
   execv("/proc/self/exe", argv);
-  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the core OpenBLAS picked
+  // exec failed: carry on with the core OpenBLAS runs, the environment as it was
+  if (given != nullptr) {
+    setenv("OPENBLAS_CORETYPE", saved_core.c_str(), 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
+  }
+  if (given_l2 != nullptr) setenv("OPENBLAS_L2_SIZE", saved_l2.c_str(), 1);
   unsetenv(kDetectedVariable);
 }
 
@@ -61,7 +72,7 @@ std::string blas_core_note() {
   const char* detected = std::getenv(kDetectedVariable);
   const char* set = std::getenv("OPENBLAS_CORETYPE");
   if (detected == nullptr || set == nullptr) return "";
-  return std::string("OPENBLAS_CORETYPE=") + set + " set by attnkit: OpenBLAS picked " + detected + " for this CPU";
+  return std::string("OPENBLAS_CORETYPE=") + set + " set by attnkit (OpenBLAS ran " + detected + " kernels on this CPU)";
 }
 
 }  // namespace attnkit::cli

@@ -1,9 +1,10 @@
 // The unfused baseline of `attnkit bench` must run on a correctly configured BLAS. OpenBLAS built with
 // DYNAMIC_ARCH picks its kernels from the CPU model, and Debian's 0.3.21 takes some AVX-512 cores it does not
-// know for `Prescott` (SSE3 kernels: sgemm at a sixth of its speed). The executable (never the library, never
-// the Python extension) checks the core OpenBLAS picked before it runs anything, and when the CPU can run a
-// better kernel set and OPENBLAS_CORETYPE is unset, sets it and runs itself again: OpenBLAS reads the variable
-// only while it loads.
+// know for `Prescott` (SSE3 kernels: sgemm at a sixth of its speed), and some machines set OPENBLAS_CORETYPE to
+// such a core for older OpenBLAS builds. The executable (never the library, never the Python extension) checks
+// the core OpenBLAS runs before it does anything else, and when the CPU can run a better kernel set, sets
+// OPENBLAS_CORETYPE to it (OPENBLAS_L2_SIZE unset) and runs itself again: OpenBLAS reads them only while it
+// loads.
 #pragma once
 
 #include <optional>
@@ -25,7 +26,7 @@ std::optional<std::string> better_blas_core(std::string_view detected, CpuIsa is
 CpuIsa host_isa();
 
 // Called first in main(): re-executes the program with OPENBLAS_CORETYPE set where better_blas_core() says so
-// (and OPENBLAS_CORETYPE is not set already). Returns only when no re-execution happened (or it failed).
+// (once: the re-executed program carries a marker). Returns only when no re-execution happened (or it failed).
 void prefer_tuned_blas_core(char** argv);
 
 // What the bench and info print about it: "" when attnkit set nothing, else "set by attnkit: OpenBLAS picked X".
