@@ -1,7 +1,9 @@
 // `attnkit bench`: for each bench case x dtype, verify the fused op and the unfused BLAS chain against the
 // float64 reference, then time both on the same inputs in this process (PERF.md, Method): warm-up, then
-// samples alternating between the two ops until each has filled --min-time; the median is reported.
+// blocks of samples, the two ops taking turns, until each has filled --min-time; the median is reported.
 #include "cli/bench.hpp"
+
+#include "cli/blas_core.hpp"
 
 #include "cli/commands.hpp"
 
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 namespace attnkit::cli {
 namespace {
@@ -33,6 +36,11 @@ constexpr double kWarmupSeconds = 0.05;
 constexpr double kSampleSeconds = 1e-3;
 constexpr int kMinSamples = 5;
 constexpr int kMaxSamples = 100000;
+// The ops take turns in blocks of samples this long, with a pause before each block: OpenBLAS's threads (and
+// OpenMP's) spin for a while after a call, and on a small machine an op that starts while the other's threads
+// still spin loses cores to them (the fused times came out 10-30% slow when samples simply alternated).
+constexpr double kBlockSeconds = 0.05;
+constexpr double kPauseSeconds = 0.1;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -50,6 +58,16 @@ class Sampler {
       estimate = std::min(estimate, seconds_since(t0));
     }
     runs_per_sample_ = static_cast<int>(std::clamp(std::ceil(kSampleSeconds / std::max(estimate, 1e-9)), 1.0, 1e6));
+  }
+
+  // Samples for about `seconds` (at least one), after the pause.
+  void take_block(double seconds, double min_time) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kPauseSeconds));
+    op_();  // untimed: the first call after a pause wakes the thread pool
+    const auto start = Clock::now();
+    do {
+      take_sample();
+    } while (!done(min_time) && seconds_since(start) < seconds);
   }
 
   void take_sample() {
@@ -151,9 +169,9 @@ BenchRow bench_one(const Job& job, const BenchOptions& opts, int threads) {
     Sampler u([&] { unfused.run(args); });
     f.warm_up();
     u.warm_up();
-    while (!f.done(opts.min_time) || !u.done(opts.min_time)) {  // alternate, so drift hits both alike
-      if (!f.done(opts.min_time)) f.take_sample();
-      if (!u.done(opts.min_time)) u.take_sample();
+    while (!f.done(opts.min_time) || !u.done(opts.min_time)) {  // take turns, so drift hits both alike
+      if (!f.done(opts.min_time)) f.take_block(kBlockSeconds, opts.min_time);
+      if (!u.done(opts.min_time)) u.take_block(kBlockSeconds, opts.min_time);
     }
     row.fused = f.result();
     row.unfused = u.result();
@@ -218,6 +236,7 @@ int run_bench(const BenchOptions& opts, Context& ctx) {
   h.threads = resolve_threads(opts.select.threads);
   h.simd_target = cpu::simd_target_name();
   h.blas = testing::blas_info();
+  if (const std::string note = blas_core_note(); !note.empty()) h.blas += "; " + note;
   h.git_commit = git_commit();
   h.command = ctx.command_line;
   h.version = library_version();

@@ -5,6 +5,8 @@
 #include <cpu/tiled_kernel.hpp>
 #include <testing/unfused_blas.hpp>
 
+#include "cli/blas_core.hpp"
+
 #include <omp.h>
 
 #include <map>
@@ -30,7 +32,8 @@ int run_info(const InfoOptions& opts, Context& ctx) {
   out << "  threads:     " << omp_get_max_threads() << " (OpenMP max threads; " << std::thread::hardware_concurrency()
       << " hardware threads)\n";
   out << "  cpu:         " << cpu_model() << "\n";
-  out << "  blas:        " << testing::blas_info() << "\n";
+  const std::string note = blas_core_note();
+  out << "  blas:        " << testing::blas_info() << (note.empty() ? "" : "; " + note) << "\n";
 
   // The case list is a convenience here: a broken one is reported, not fatal.
   try {

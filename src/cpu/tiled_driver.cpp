@@ -162,6 +162,7 @@ std::string describe(const TiledPlan& plan) {
   std::string s = "cpu.tiled[" + simd_target_name() + "] " + std::to_string(plan.items) + " items of " +
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
+  if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys (" +
          std::to_string(plan.items / plan.splits) + " row blocks under " + std::to_string(kTargetItems) + ")";
@@ -182,35 +183,46 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     return 4 * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;
   };
 
-  // The work budget cuts the items into consecutive runs ("launches"); each item computes the same bits
-  // whichever run it lands in, so a cut call equals the whole call.
-  for (std::int64_t start = 0; start < plan.items;) {
-    std::int64_t stop = start + 1;
-    if (p.work_budget == 0) {
-      stop = plan.items;
+  auto run_item = [&](std::int64_t item) {
+    const Workspace w = workspace(omp_get_thread_num());
+    ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), &w);
+    if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
+    if (job.rows <= kFewRows) {
+      run_few_rows_dispatched(job);
     } else {
-      for (std::int64_t ops = item_cost(start); stop < plan.items && ops + item_cost(stop) <= p.work_budget; ++stop)
-        ops += item_cost(stop);
-    }
-#pragma omp parallel for num_threads(plan.threads) schedule(dynamic, 1)
-    for (std::int64_t item = start; item < stop; ++item) {
-      const Workspace w = workspace(omp_get_thread_num());
-      ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), &w);
-      if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
       run_item_dispatched(job);
     }
-    start = stop;
-  }
-  if (plan.splits == 1) return;
-
-  const std::int64_t blocks = plan.items / plan.splits;
-#pragma omp parallel for num_threads(plan.threads) schedule(dynamic, 1)
-  for (std::int64_t block = 0; block < blocks; ++block) {
+  };
+  auto merge_block = [&](std::int64_t block) {
     const Workspace w = workspace(omp_get_thread_num());
     const ItemJob job = make_job(p, a, plan, decode_item(p, plan, block * plan.splits), &w);
     const auto* first = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(block * plan.splits) * plan.partial_bytes);
     merge_partials(plan, job.rows, p.v_head_dim, first, w);
     finish_rows_dispatched(job);
+  };
+
+  // One parallel region per call (a decode step is tens of microseconds: a second wake-up of the team for the
+  // merge would be a share of it). The work budget cuts the items into consecutive runs ("launches"), each
+  // ended by the loop's barrier; every item computes the same bits whichever run it lands in, so a cut call
+  // equals the whole call. Every thread computes the same cuts.
+#pragma omp parallel num_threads(plan.threads)
+  {
+    for (std::int64_t start = 0; start < plan.items;) {
+      std::int64_t stop = start + 1;
+      if (p.work_budget == 0) {
+        stop = plan.items;
+      } else {
+        for (std::int64_t ops = item_cost(start); stop < plan.items && ops + item_cost(stop) <= p.work_budget; ++stop)
+          ops += item_cost(stop);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t item = start; item < stop; ++item) run_item(item);
+      start = stop;
+    }
+    if (plan.splits > 1) {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t block = 0; block < plan.items / plan.splits; ++block) merge_block(block);
+    }
   }
 }
 

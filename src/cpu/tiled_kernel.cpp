@@ -14,6 +14,7 @@
 #include "../core/visibility.hpp"
 #include "tiled_kernel.hpp"
 #include "tiled_workspace.hpp"
+#include "widen-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,123 +40,6 @@ constexpr int kKeysPerStep = 6;
 // exp(x) below this is a float32 subnormal: treat it as 0 (the max element of a row has weight 1, so this is
 // far below the float32 rounding of the sum, and it keeps subnormal arithmetic off the hot loop).
 constexpr float kExpFloor = -87.3f;
-
-// Widens `n` elements of type `t` at `src` into `dst`.
-HWY_INLINE void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst) {
-  if (t == DType::f32) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-    return;
-  }
-  const DF df;
-  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;
-  if (t == DType::f16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto* s = static_cast<const hwy::float16_t*>(src);
-    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, DF> db;
-    const auto* s = static_cast<const hwy::bfloat16_t*>(src);
-    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(db, s + i)), df, dst + i);
-  }
-  for (; i < n; ++i) dst[i] = load_as_float(src, t, i);
-}
-
-// Widens row `index` (in values) of a K or V buffer into `dst`: a float type as widen_row does, a quantized one
-// dequantized (q * scale in float32, the product every reader of the format computes: core/kv_quant.hpp).
-// `scales` is the row's kv head's first channel scale (per channel) or the tensor's one scale.
-HWY_NOINLINE void widen_kv_row(const void* base, std::int64_t index, KvStorage storage, DType t, std::int64_t n,
-                  const float* HWY_RESTRICT scales, float* HWY_RESTRICT dst) {
-  if (storage.type == KvType::Float) {
-    widen_row(static_cast<const char*>(base) + index * static_cast<std::int64_t>(dtype_size(t)), t, n, dst);
-    return;
-  }
-  const DF df;
-  const DI di;
-  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
-  const bool per_channel = storage.quant == KvQuant::PerChannel;
-  const VF tensor_scale = hn::Set(df, scales[0]);
-  std::int64_t i = 0;
-  if (storage.type == KvType::Int8) {
-    const hn::Rebind<std::int8_t, DF> d8;
-    const auto* q = static_cast<const std::int8_t*>(base) + index;
-    for (; i + lanes <= n; i += lanes) {
-      const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, q + i)));
-      hn::StoreU(hn::Mul(x, per_channel ? hn::LoadU(df, scales + i) : tensor_scale), df, dst + i);
-    }
-    for (; i < n; ++i) dst[i] = core::dequantize_value(q[i], per_channel ? scales[i] : scales[0]);
-    return;
-  }
-  // Int4: `lanes` bytes hold 2 * lanes values; the low nibbles are the even values, the high ones the odd.
-  const hn::Rebind<std::uint8_t, DF> du8;
-  const auto* bytes = static_cast<const std::uint8_t*>(base) + index / 2;
-  const auto nibble = hn::Set(di, 0xF);
-  const auto bias = hn::Set(di, core::kInt4Bias);
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    const auto x = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(), hn::LoadU(du8, bytes + i / 2)));
-    VF even = hn::ConvertTo(df, hn::Sub(hn::And(x, nibble), bias));
-    VF odd = hn::ConvertTo(df, hn::Sub(hn::ShiftRight<4>(x), bias));
-    if (per_channel) {
-      VF s_even, s_odd;
-      hn::LoadInterleaved2(df, scales + i, s_even, s_odd);
-      even = hn::Mul(even, s_even);
-      odd = hn::Mul(odd, s_odd);
-    } else {
-      even = hn::Mul(even, tensor_scale);
-      odd = hn::Mul(odd, tensor_scale);
-    }
-    hn::StoreInterleaved2(even, odd, df, dst + i);
-  }
-  for (; i < n; ++i) dst[i] = core::dequantize_value(core::int4_at(bytes, i), per_channel ? scales[i] : scales[0]);
-}
-
-// Where the K or V scales of kv head `kvh` start (null for a float tensor).
-const float* kv_head_scales(const ConstBuffer& scales, KvStorage storage, std::int64_t kvh, std::int64_t dim) {
-  if (storage.type == KvType::Float) return nullptr;
-  const auto* s = static_cast<const float*>(scales.data);
-  return storage.quant == KvQuant::PerChannel ? s + kvh * dim : s;
-}
-
-// `n` mask values from element `index` as float32: in place for a float32 mask, else widened into `buf`.
-HWY_NOINLINE const float* mask_values(const AttentionProblem& p, const AttentionArgs& a, std::int64_t index,
-                                      std::int64_t n, float* HWY_RESTRICT buf) {
-  if (p.mask_dtype == DType::f32) return static_cast<const float*>(a.mask.data) + index;
-  widen_row(static_cast<const char*>(a.mask.data) + index * static_cast<std::int64_t>(dtype_size(p.mask_dtype)),
-            p.mask_dtype, n, buf);
-  return buf;
-}
-
-// Rounds `n` floats to type `t` (nearest even) into `dst`.
-void narrow_row(const float* HWY_RESTRICT src, DType t, std::int64_t n, void* dst) {
-  if (t == DType::f32) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-    return;
-  }
-  const DF df;
-  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;
-  if (t == DType::f16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    auto* d = static_cast<hwy::float16_t*>(dst);
-    for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, d + i);
-  } else {
-    // Highway's float -> bfloat16 demotion truncates; round to nearest even by hand, keeping NaN quiet.
-    const hn::RebindToUnsigned<DF> du;
-    const hn::Rebind<std::uint16_t, DF> du16;
-    const hn::RebindToSigned<DF> di;
-    auto* d = static_cast<std::uint16_t*>(dst);
-    for (; i + lanes <= n; i += lanes) {
-      const auto x = hn::LoadU(df, src + i);
-      const auto bits = hn::BitCast(du, x);
-      const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-      const auto quiet = hn::ShiftRight<16>(hn::Or(bits, hn::Set(du, 0x400000u)));
-      const auto out = hn::IfThenElse(hn::RebindMask(du, hn::Eq(x, x)), rounded, quiet);
-      hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, out)), du16, d + i);
-    }
-  }
-  for (; i < n; ++i) store_from_float(dst, t, i, src[i]);
-}
 
 // St[key][lane] = Σ_d K[key][d] · Qᵀ[d][lane] for MK keys and NV query vectors starting at vector v0.
 template <int MK, int NV>
@@ -256,84 +140,6 @@ HWY_INLINE void tile_loop(Step& step, std::int64_t count, std::size_t nvec) {
   }
 }
 
-// Few rows (a decode step: one query per head of a K/V group). With rows across lanes most lanes would idle, so
-// these run the other way round: dot products along the head dim, a vector of dims at a time, and each key's V
-// row streamed once for all rows. The sums along d depend on the vector width (the bits may differ between SIMD
-// targets; never between runs or thread counts).
-void score_few_rows(const float* HWY_RESTRICT qrows, std::int64_t rows, std::int64_t dim, const float* const* krow,
-                    std::int64_t n, float* HWY_RESTRICT st) {
-  const DF df;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  const std::int64_t full = dim / L * L;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const float* k = krow[j];
-    VF acc[kFewRows];
-    for (int r = 0; r < kFewRows; ++r) acc[r] = hn::Zero(df);
-    for (std::int64_t d = 0; d < full; d += L) {
-      const VF kv = hn::LoadU(df, k + d);
-      for (int r = 0; r < kFewRows; ++r) {
-        if (r < rows) acc[r] = hn::MulAdd(hn::LoadU(df, qrows + r * dim + d), kv, acc[r]);
-      }
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      float s = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-      for (std::int64_t d = full; d < dim; ++d) s = std::fma(qrows[r * dim + d], k[d], s);
-      st[j * kRowBlock + r] = s;
-    }
-  }
-}
-
-// Oᵀ[d][row] = Oᵀ[d][row] · alpha[row] + Σ_key P[key][row] · V[key][d] for up to kFewRows rows: each V row is
-// read once per half of the head dim for every row. A zero weight skips the key (0 · inf would be NaN).
-void value_few_rows(const float* HWY_RESTRICT pt, std::int64_t n, std::int64_t rows, const float* const* vrow,
-                    std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
-  const DF df;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  // Vectors of dims per pass: 4 rows x kChunk accumulators + kChunk V vectors stay in registers (32 of them with
-  // AVX-512, 16 with AVX2 / SSE4, where a pass takes 2 vectors).
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  constexpr int kChunk = 4;
-#else
-  constexpr int kChunk = 2;
-#endif
-  HWY_ALIGN float tile[kFewRows * 4 * 16];
-  for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk * L) {
-    const std::int64_t width = std::min<std::int64_t>(kChunk * L, dv - d0);
-    const std::int64_t vecs = width / L;
-    VF acc[kFewRows][kChunk];
-    for (int r = 0; r < kFewRows; ++r)
-      for (int c = 0; c < kChunk; ++c) acc[r][c] = hn::Zero(df);
-    float tail[kFewRows][16] = {};
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float* v = vrow[j] + d0;
-      // The key's V vectors once, then every row: loops over compile-time bounds keep acc in registers.
-      VF vv[kChunk];
-      for (int c = 0; c < kChunk; ++c) vv[c] = c < vecs ? hn::LoadU(df, v + c * L) : hn::Zero(df);
-      HWY_UNROLL(4)
-      for (int r = 0; r < kFewRows; ++r) {
-        if (r >= rows) break;
-        const float p = pt[j * kRowBlock + r];
-        if (p == 0.0f) continue;
-        const VF pv = hn::Set(df, p);
-        for (int c = 0; c < kChunk; ++c) {
-          if (c < vecs) acc[r][c] = hn::MulAdd(pv, vv[c], acc[r][c]);
-        }
-        for (std::int64_t d = vecs * L; d < width; ++d) tail[r][d - vecs * L] = std::fma(p, v[d], tail[r][d - vecs * L]);
-      }
-    }
-    HWY_UNROLL(4)
-    for (int r = 0; r < kFewRows; ++r) {
-      if (r >= rows) break;
-      for (int c = 0; c < kChunk; ++c) hn::Store(acc[r][c], df, tile + (r * kChunk + c) * L);
-      for (std::int64_t d = vecs * L; d < width; ++d) tile[r * kChunk * L + d] = tail[r][d - vecs * L];
-      for (std::int64_t d = 0; d < width; ++d) {
-        float& o = ot[(d0 + d) * kRowBlock + r];
-        o = std::fma(o, alpha[r], tile[r * kChunk * L + d]);
-      }
-    }
-  }
-}
-
 struct ScoreStep {
   const float* qt;
   std::int64_t dim;
@@ -392,8 +198,6 @@ void run_item(const ItemJob& job) {
   const std::size_t L = hn::Lanes(df);
   const std::int64_t rows = job.rows;
   const std::size_t nvec = (static_cast<std::size_t>(rows) + L - 1) / L;
-  // A decode step has a handful of rows: dot products along the head dim use every lane (see score_few_rows).
-  const bool few_rows = rows <= kFewRows;
   const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
   const std::int64_t dim = p.head_dim;
   const std::int64_t dv = p.v_head_dim;
@@ -431,7 +235,6 @@ void run_item(const ItemJob& job) {
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
-    if (r < kFewRows) std::memcpy(w.qrows + r * dim, w.row, static_cast<std::size_t>(dim) * sizeof(float));
   }
   for (std::int64_t r = rows; r < lanes_used; ++r)
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = 0.0f;
@@ -443,8 +246,7 @@ void run_item(const ItemJob& job) {
     hn::Store(hn::Zero(df), df, w.sum + v * L);
     hn::Store(hn::Zero(df), df, w.poison + v * L);
   }
-  // Only the lanes in use: a decode item has 4 rows of 64, and zeroing whole rows of the accumulator would write
-  // 4-16x the bytes the item needs.
+  // Only the lanes in use (the last row block of a problem may hold fewer than kRowBlock).
   for (std::int64_t d = 0; d < dv; ++d) std::fill(w.ot + d * kRowBlock, w.ot + d * kRowBlock + lanes_used, 0.0f);
 
   const VF scale = hn::Set(df, *p.scale);
@@ -490,11 +292,7 @@ void run_item(const ItemJob& job) {
     }
 
     ScoreStep score{w.qt, dim, w.krow, w.st};
-    if (few_rows) {
-      score_few_rows(w.qrows, rows, dim, w.krow, n, w.st);
-    } else {
-      tile_loop(score, n, nvec);
-    }
+    tile_loop(score, n, nvec);
 
     // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
     if (p.has_mask && !mask_per_key) {
@@ -555,12 +353,8 @@ void run_item(const ItemJob& job) {
       hn::Store(alpha, df, w.alpha + v * L);
     }
 
-    if (few_rows) {
-      value_few_rows(w.st, n, rows, w.vrow, dv, w.alpha, w.ot);
-    } else {
-      ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
-      tile_loop(value, dv, nvec);
-    }
+    ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
+    tile_loop(value, dv, nvec);
   }
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass

@@ -13,8 +13,8 @@ namespace attnkit::cpu {
 // [x][lane] arrays are stored x-major with kRowBlock floats per x, so a row of lanes is a run of vectors.
 struct Workspace {
   float* qt;      // [head_dim][lane]: the item's queries, transposed
-  float* qrows;   // [kFewRows][head_dim]: the same, row-major, for the decode micro-kernels
-  float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile
+  float* qrows;   // [kFewRows][head_dim]: a few-rows item's queries, row-major
+  float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile ([row][kKeyTile]: few rows)
   float* ot;      // [v_head_dim][lane]: running unnormalised output
   float* max;     // [lane] running max
   float* sum;     // [lane] running sum of exp(s - max)
@@ -52,8 +52,10 @@ struct ItemJob {
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
 };
 
-// The SIMD item (tiled_kernel.cpp), dispatched to the best target.
+// The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most
+// kFewRows rows dot products along the head dim (few_rows_kernel.cpp).
 void run_item_dispatched(const ItemJob& job);
+void run_few_rows_dispatched(const ItemJob& job);
 
 // Copies the item's unnormalised state into its partial slot.
 void save_partial(const Workspace& ws, std::int64_t rows, std::int64_t v_head_dim, float* partial);

@@ -319,12 +319,22 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
     float row[kMaxHeadSize];
     const gqa::CacheTensor* past_k = g.has_past ? &g.past_key : nullptr;
     const gqa::CacheTensor* past_v = g.has_past ? &g.past_value : nullptr;
+    // Rows that need no norm or rotary, bound for a float cache of their own type, are copied as bytes (a
+    // float16 prompt's append cost more than its attention when each element went through float32).
+    const std::int64_t es_in = static_cast<std::int64_t>(dtype_size(g.dtype));
+    const auto raw = [&](const void* base, const Layout& layout) -> std::function<const void*(std::int64_t)> {
+      return [&, base, layout](std::int64_t s) -> const void* {
+        return static_cast<const char*>(base) + layout.index(b, h, s) * es_in;
+      };
+    };
+    const bool k_as_given = !g.qk_norm && !g.rotary && g.present_key.format.dtype == g.dtype;
+    const bool v_as_given = g.present_value.format.dtype == g.dtype;
     gqa::append_head(
         past_k, g.present_key, g.shared, rows, b, h,
         [&](std::int64_t s, float* x) {
           prepare_row(g, g.key, g.k_in.index(b, h, s), g.k_norm_weight, g.position(b, s), x);
         },
-        row);
+        row, k_as_given ? raw(g.key, g.k_in) : nullptr);
     gqa::append_head(
         past_v, g.present_value, g.shared, rows, b, h,
         [&](std::int64_t s, float* x) {
@@ -335,7 +345,7 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
           }
           for (std::int64_t d = 0; d < g.head_size; ++d) x[d] = load_as_float(g.value, g.dtype, at + d);
         },
-        row);
+        row, v_as_given ? raw(g.value, g.v_in) : nullptr);
   }
 
   for (std::size_t i = 0; i < calls.size(); ++i) ops[i].run(calls[i].args);

@@ -73,7 +73,7 @@ void zero_rows(std::byte* dst, const CacheFormat& format, std::int64_t count) {
 
 void append_head(const CacheTensor* past, const CacheTensor& present, bool shared, const HeadAppend& rows,
                  std::int64_t b, std::int64_t h, const std::function<void(std::int64_t s, float* row)>& new_row,
-                 float* scratch_row) {
+                 float* scratch_row, const std::function<const void*(std::int64_t s)>& raw_row) {
   const std::int64_t row_bytes = present.format.row_bytes();
   const std::int64_t kept = rows.past_rows - rows.drop;
   std::byte* head = present.row(b, h, 0);
@@ -86,7 +86,12 @@ void append_head(const CacheTensor* past, const CacheTensor& present, bool share
     }
   }
   const float* scales = present.head_scales(h);
+  const bool copy_bytes = raw_row && present.format.storage.type == KvType::Float;
   for (std::int64_t s = 0; s < rows.new_rows; ++s) {
+    if (copy_bytes) {
+      std::memcpy(present.row(b, h, rows.write_row + s), raw_row(s), static_cast<std::size_t>(row_bytes));
+      continue;
+    }
     new_row(s, scratch_row);
     store_row(scratch_row, present.format, scales, present.row(b, h, rows.write_row + s));
   }

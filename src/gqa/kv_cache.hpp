@@ -62,8 +62,10 @@ struct HeadAppend {
 // Appends for batch entry b, kv head h: keeps past rows [drop, past_rows) as present rows [0, ...), writes new
 // row s (from `new_row`, which fills head_size floats) at present row write_row + s, and, with separate
 // buffers, zeroes the rows after them. `past` is null or the same memory as `present` for a shared buffer.
+// `raw_row`, when given, says where new row s already lies in the float cache's own element type (a row that
+// needs no norm or rotary): its bytes are copied, with no round trip through float32.
 void append_head(const CacheTensor* past, const CacheTensor& present, bool shared, const HeadAppend& rows,
                  std::int64_t b, std::int64_t h, const std::function<void(std::int64_t s, float* row)>& new_row,
-                 float* scratch_row);
+                 float* scratch_row, const std::function<const void*(std::int64_t s)>& raw_row = nullptr);
 
 }  // namespace attnkit::gqa

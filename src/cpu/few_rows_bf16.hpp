@@ -1,0 +1,23 @@
+// Scores of a few-rows item on bfloat16 inputs with AVX512_BF16 (`vdpbf16ps`: pairs of bfloat16 products summed
+// into float32 lanes, 32 elements an instruction, no widening), for CPUs that have it (Cooper Lake, Sapphire
+// Rapids, Zen 4). The choice is made at run time, once per process; other CPUs take the Highway path.
+#pragma once
+
+#include <cstdint>
+
+namespace attnkit::cpu {
+
+// Which of the CPU's optional instruction sets the CPU kernel uses. Filled from the CPU at start-up; a test
+// may turn a feature off to run (and check) the path other CPUs take.
+struct CpuKernelFeatures {
+  bool avx512_bf16 = false;
+};
+CpuKernelFeatures& cpu_kernel_features();
+
+// s[r * row_stride + j] = Σ_d q[r][d] · k[j][d] for `rows` (1..4) query rows and `n` keys, K row j at
+// k + j * k_stride (in elements). Each product is exact in float32; the sums run in pairs of dims per lane,
+// then across lanes in a fixed order (FTZ/DAZ: bfloat16 subnormals count as 0). Needs avx512_bf16.
+void score_tile_bf16_dpbf16(const std::uint16_t* const* q, int rows, std::int64_t dim, const std::uint16_t* k,
+                            std::int64_t k_stride, std::int64_t n, float* s, std::int64_t row_stride);
+
+}  // namespace attnkit::cpu

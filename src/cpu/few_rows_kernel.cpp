@@ -1,0 +1,388 @@
+// The CPU kernel's item for few query rows (at most kFewRows: a decode step, one query per head of a K/V group,
+// or cross-attention of one token). With rows across SIMD lanes (tiled_kernel.cpp) most lanes would idle, so
+// this item runs the other way round:
+// - scores: dot products along the head dim, four keys at a time, their four sums reduced together;
+// - softmax: per row along the tile's keys (a vector of keys at a time: one exp per lane that is a key);
+// - values: each key's V row loaded once for every row, summed into fresh registers per tile (blockwise sums)
+//   and added to the running output after one rescale.
+// float16 / bfloat16 K and V are widened in registers as they are read (no buffer round trip); int8 / int4 cache
+// rows are dequantized per tile first. Sums along the head dim depend on the vector width: the bits may differ
+// between SIMD targets, never between runs or thread counts. The state it leaves (max, sum, poison,
+// accumulator) is the tiled item's, so the split-K merge and the finish are shared.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/few_rows_kernel.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "../core/online_softmax.hpp"
+#include "../core/visibility.hpp"
+#include "few_rows_bf16.hpp"
+#include "tiled_kernel.hpp"
+#include "tiled_workspace.hpp"
+#include "widen-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+HWY_BEFORE_NAMESPACE();
+namespace attnkit::cpu::HWY_NAMESPACE {
+namespace {
+
+constexpr float kExpFloor = -87.3f;  // as in tiled_kernel.cpp: exp below this is subnormal, taken as 0
+constexpr int kKeysPerGroup = 4;     // keys whose dot products are reduced together
+// Vectors of output dims per pass over a tile's V rows: rows x kChunk accumulators and kChunk V vectors stay in
+// registers (32 of them with AVX-512, 16 with AVX2 / SSE4).
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kChunk = 4;
+#else
+constexpr int kChunk = 2;
+#endif
+
+// A vector of elements at `p` (float32, float16 or bfloat16), as float32.
+template <class T>
+HWY_INLINE VF load_float(const T* HWY_RESTRICT p) {
+  const DF df;
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else {
+    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<T, DF>(), p));
+  }
+}
+
+template <class T>
+HWY_INLINE float scalar_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else {
+    return load_as_float(p, std::is_same_v<T, hwy::float16_t> ? DType::f16 : DType::bf16, 0);
+  }
+}
+
+// The sum of each of four vectors' lanes, in lanes 0..3 of a 128-bit vector: pairs of lanes, then pairs of
+// pairs within each 128-bit block, then the blocks (one fixed order for a given vector width).
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class V>
+HWY_INLINE auto sum_blocks_to_128(D d, V v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return sum_blocks_to_128(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+template <class D, class V>
+HWY_INLINE auto sums_of_four(D d, V a, V b, V c, V e) {
+  const hn::Repartition<double, D> dd;
+  const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  const V abce = hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, hn::BitCast(dd, ab), hn::BitCast(dd, ce))),
+                         hn::BitCast(d, hn::InterleaveUpper(dd, hn::BitCast(dd, ab), hn::BitCast(dd, ce))));
+  return sum_blocks_to_128(d, abce);
+}
+#endif
+
+// s[r * kKeyTile + j] = q_r · K[j] for R rows and n keys; K[j] at k + j * k_stride.
+template <int R, class T>
+HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const T* HWY_RESTRICT k,
+                           std::int64_t k_stride, std::int64_t n, float* HWY_RESTRICT s) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t full = dim / L * L;
+  std::int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(DF()) >= 4) {
+    for (; j + kKeysPerGroup <= n; j += kKeysPerGroup) {
+      VF acc[R][kKeysPerGroup];
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::Zero(df);
+      for (std::int64_t d = 0; d < full; d += L) {
+        VF kv[kKeysPerGroup];
+        for (int g = 0; g < kKeysPerGroup; ++g) kv[g] = load_float(k + (j + g) * k_stride + d);
+        for (int r = 0; r < R; ++r) {
+          const VF qv = hn::LoadU(df, q + r * dim + d);
+          for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::MulAdd(qv, kv[g], acc[r][g]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const auto sums = sums_of_four(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        hn::StoreU(sums, hn::Full128<float>(), s + r * kKeyTile + j);
+      }
+      if (full < dim) {
+        for (int r = 0; r < R; ++r) {
+          for (int g = 0; g < kKeysPerGroup; ++g) {
+            float t = s[r * kKeyTile + j + g];
+            for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k + (j + g) * k_stride + d), t);
+            s[r * kKeyTile + j + g] = t;
+          }
+        }
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    VF acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+    for (std::int64_t d = 0; d < full; d += L) {
+      const VF kv = load_float(k + j * k_stride + d);
+      for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dim + d), kv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float t = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+      for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k + j * k_stride + d), t);
+      s[r * kKeyTile + j] = t;
+    }
+  }
+}
+
+// ot[d][r] = ot[d][r] · alpha[r] + Σ_j p[r][j] · V[j][d] for R rows, n keys, dv dims. A zero weight skips the key
+// (0 · inf would be NaN for a key this row cannot see).
+template <int R, class T>
+HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T* HWY_RESTRICT v,
+                           std::int64_t v_stride, std::int64_t dv, const float* HWY_RESTRICT alpha,
+                           float* HWY_RESTRICT ot) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  HWY_ALIGN float tile[R * kChunk * hn::MaxLanes(DF())];
+  for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk * L) {
+    const std::int64_t width = std::min<std::int64_t>(kChunk * L, dv - d0);
+    const std::int64_t vecs = width / L;
+    VF acc[R][kChunk];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kChunk; ++c) acc[r][c] = hn::Zero(df);
+    float tail[R][hn::MaxLanes(DF())] = {};
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* row = v + j * v_stride + d0;
+      VF vv[kChunk];
+      for (int c = 0; c < kChunk; ++c) vv[c] = c < vecs ? load_float(row + c * L) : hn::Zero(df);
+      for (int r = 0; r < R; ++r) {
+        const float w = p[r * kKeyTile + j];
+        if (w == 0.0f) continue;
+        const VF wv = hn::Set(df, w);
+        for (int c = 0; c < kChunk; ++c) {
+          if (c < vecs) acc[r][c] = hn::MulAdd(wv, vv[c], acc[r][c]);
+        }
+        for (std::int64_t d = vecs * L; d < width; ++d) tail[r][d - vecs * L] = std::fma(w, scalar_float(row + d), tail[r][d - vecs * L]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* t = tile + r * kChunk * L;
+      for (int c = 0; c < kChunk; ++c) hn::Store(acc[r][c], df, t + c * L);
+      for (std::int64_t d = vecs * L; d < width; ++d) t[d] = tail[r][d - vecs * L];
+      for (std::int64_t d = 0; d < width; ++d) {
+        float& o = ot[(d0 + d) * kRowBlock + r];
+        o = std::fma(o, alpha[r], t[d]);
+      }
+    }
+  }
+}
+
+// The rows of one item: where each query lives, which keys of the item's range it sees.
+struct RowsSetup {
+  std::int64_t head[kFewRows];
+  std::int64_t query[kFewRows];
+  std::int64_t begin[kFewRows];
+  std::int64_t end[kFewRows];
+  std::int64_t union_begin;
+  std::int64_t union_end;
+};
+
+RowsSetup set_up_rows(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const core::VisibilityRule rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.for_batch(
+      static_cast<const std::int32_t*>(a.causal_offsets.data), job.b);
+  const std::int64_t key_length =
+      p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data)[job.b] : p.k_len;
+  RowsSetup rs{};
+  rs.union_begin = job.key_end;
+  rs.union_end = job.key_begin;
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::int64_t pair = job.first_row + r;
+    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
+    const std::int64_t i = pair % p.q_len;
+    rs.head[r] = h;
+    rs.query[r] = i;
+    const core::KeyRange range = rule.for_row(i, key_length);
+    rs.begin[r] = std::max(range.begin, job.key_begin);
+    rs.end[r] = std::max(rs.begin[r], std::min(range.end, job.key_end));
+    if (rs.begin[r] < rs.end[r]) {
+      rs.union_begin = std::min(rs.union_begin, rs.begin[r]);
+      rs.union_end = std::max(rs.union_end, rs.end[r]);
+    }
+    const std::int64_t q_index = p.q.index(job.b, h, i);
+    widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
+              p.dtype, p.head_dim, w.qrows + r * p.head_dim);
+    w.max[r] = core::kNegInf;
+    w.sum[r] = 0.0f;
+    w.poison[r] = 0.0f;
+    for (std::int64_t d = 0; d < p.v_head_dim; ++d) w.ot[d * kRowBlock + r] = 0.0f;
+  }
+  return rs;
+}
+
+// Scale, softcap, mask and visibility of row r's scores over keys [k0, k0 + n), then its online-softmax step:
+// s becomes p = exp(s - max), the running max and sum move on, alpha[r] is the rescale of the running output.
+void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0, std::int64_t n, float* s) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const DF df;
+  const DI di;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF neg_inf = hn::Set(df, core::kNegInf);
+  const VF pos_inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  const VF scale = hn::Set(df, *p.scale);
+  const float softcap = p.softcap.value_or(0.0f);
+  const VF cap = hn::Set(df, softcap);
+  const float* mask =
+      p.has_mask ? mask_values(p, a, p.mask.index(job.b, rs.head[r], rs.query[r]) + k0, n, w.mrow) : nullptr;
+  if (mask != nullptr && n % L != 0) {  // whole vectors below: pad a copy (the row may end at the array's end)
+    const std::int64_t padded = (n + L - 1) / L * L;
+    if (mask != w.mrow) std::copy(mask, mask + n, w.mrow);
+    std::fill(w.mrow + n, w.mrow + padded, 0.0f);
+    mask = w.mrow;
+  }
+  const auto begin = hn::Set(di, static_cast<std::int32_t>(rs.begin[r] - k0));
+  const auto end = hn::Set(di, static_cast<std::int32_t>(rs.end[r] - k0));
+  const bool all_visible = rs.begin[r] <= k0 && rs.end[r] >= k0 + n;
+  const VF one = hn::Set(df, 1.0f);
+  VF vmax = neg_inf;
+  VF poison = hn::Zero(df);
+  for (std::int64_t j = 0; j < n; j += L) {
+    const auto idx = hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(j)));
+    const auto in_tile = hn::RebindMask(df, hn::Lt(idx, hn::Set(di, static_cast<std::int32_t>(n))));
+    VF x = hn::Mul(hn::LoadU(df, s + j), scale);
+    if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+    if (mask != nullptr) x = hn::Add(x, hn::LoadU(df, mask + j));
+    auto seen = in_tile;
+    if (!all_visible) seen = hn::And(seen, hn::RebindMask(df, hn::AndNot(hn::Lt(idx, begin), hn::Lt(idx, end))));
+    x = hn::IfThenElse(seen, x, neg_inf);
+    poison = hn::Or(poison, hn::IfThenZeroElse(hn::Lt(x, pos_inf), one));  // NaN or +inf among the visible scores
+    vmax = hn::Max(vmax, x);
+    hn::StoreU(x, df, s + j);
+  }
+  if (hn::GetLane(hn::MaxOfLanes(df, poison)) != 0.0f) w.poison[r] = 1.0f;
+  const float old_max = w.max[r];
+  const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  const float use_max = core::usable_max(new_max);
+  const float alpha = core::rescale_factor(old_max, new_max);
+  const VF m = hn::Set(df, use_max);
+  const VF floor = hn::Set(df, kExpFloor);
+  VF vsum = hn::Zero(df);
+  for (std::int64_t j = 0; j < n; j += L) {
+    const VF x = hn::Sub(hn::LoadU(df, s + j), m);
+    const VF e = hn::IfThenElseZero(hn::Ge(x, floor), hn::Exp(df, x));
+    vsum = hn::Add(vsum, e);
+    hn::StoreU(e, df, s + j);
+  }
+  w.max[r] = new_max;
+  w.sum[r] = std::fma(w.sum[r], alpha, hn::GetLane(hn::SumOfLanes(df, vsum)));
+  w.alpha[r] = alpha;
+}
+
+// Where a tile's K and V rows are: in place (float types) or dequantized into the workspace (int8 / int4).
+template <class T>
+struct TileRows {
+  const T* k;
+  std::int64_t k_stride;
+  const T* v;
+  std::int64_t v_stride;
+};
+
+template <int R, class T>
+void run_rows(const ItemJob& job, const RowsSetup& rs) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const std::int64_t dim = p.head_dim;
+  const std::int64_t dv = p.v_head_dim;
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
+  const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
+  // bfloat16 scores by vdpbf16ps where the CPU has it, from the query rows as given (what qrows holds widened).
+  const bool bf16_dot = std::is_same_v<T, hwy::bfloat16_t> && cpu_kernel_features().avx512_bf16;
+  const std::uint16_t* q_bf16[kFewRows] = {};
+  if (bf16_dot) {
+    for (int r = 0; r < R; ++r) {
+      q_bf16[r] = static_cast<const std::uint16_t*>(a.q.data) + p.q.index(job.b, rs.head[r], rs.query[r]);
+    }
+  }
+  const std::int64_t first_tile = rs.union_begin < rs.union_end ? rs.union_begin / kKeyTile * kKeyTile : rs.union_end;
+  for (std::int64_t t0 = first_tile; t0 < rs.union_end; t0 += kKeyTile) {
+    const std::int64_t k0 = std::max(t0, rs.union_begin);
+    const std::int64_t n = std::min(t0 + kKeyTile, rs.union_end) - k0;
+    TileRows<T> tile{};
+    if constexpr (std::is_same_v<T, float>) {
+      if (quantized) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          widen_kv_row(a.k.data, p.k.index(job.b, job.kvh, k0 + j), p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
+          widen_kv_row(a.v.data, p.v.index(job.b, job.kvh, k0 + j), p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
+        }
+        tile = {w.kbuf, dim, w.vbuf, dv};
+      }
+    }
+    if (!quantized) {
+      tile = {static_cast<const T*>(a.k.data) + p.k.index(job.b, job.kvh, k0), p.k.row_stride,
+              static_cast<const T*>(a.v.data) + p.v.index(job.b, job.kvh, k0), p.v.row_stride};
+    }
+    if (bf16_dot) {
+      score_tile_bf16_dpbf16(q_bf16, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w.st,
+                             kKeyTile);
+    } else {
+      score_tile<R>(w.qrows, dim, tile.k, tile.k_stride, n, w.st);
+    }
+    for (int r = 0; r < R; ++r) softmax_row(job, rs, r, k0, n, w.st + r * kKeyTile);
+    value_tile<R>(w.st, n, tile.v, tile.v_stride, dv, w.alpha, w.ot);
+  }
+}
+
+template <class T>
+void run_typed(const ItemJob& job, const RowsSetup& rs) {
+  switch (job.rows) {
+    case 1: run_rows<1, T>(job, rs); break;
+    case 2: run_rows<2, T>(job, rs); break;
+    case 3: run_rows<3, T>(job, rs); break;
+    default: run_rows<4, T>(job, rs); break;
+  }
+}
+
+}  // namespace
+
+void run_few_rows_item(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const RowsSetup rs = set_up_rows(job);
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  if (quantized || p.dtype == DType::f32) {
+    run_typed<float>(job, rs);
+  } else if (p.dtype == DType::f16) {
+    run_typed<hwy::float16_t>(job, rs);
+  } else {
+    run_typed<hwy::bfloat16_t>(job, rs);
+  }
+  if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
+    save_partial(*job.ws, job.rows, p.v_head_dim, job.partial);
+  } else {
+    finish_rows_dispatched(job);
+  }
+}
+
+}  // namespace attnkit::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnkit::cpu {
+
+HWY_EXPORT(run_few_rows_item);
+
+void run_few_rows_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(run_few_rows_item)(job); }
+
+}  // namespace attnkit::cpu
+#endif

@@ -1,0 +1,159 @@
+// The CPU kernel's few-rows items (at most 4 rows per K/V head: decode steps, one-token cross-attention,
+// grouped heads of one query) against the float64 reference: every element type, head dims around the vector
+// widths, key counts around the 4-key groups and the 64-key tiles, split and unsplit, masks, softcap, windows,
+// key lengths, sinks, layouts; and bit-identical bytes over thread counts.
+#include "test_support.hpp"
+
+#include <cpu/few_rows_bf16.hpp>
+
+#include <gtest/gtest.h>
+
+namespace attnkit::test {
+namespace {
+
+using testing::KeyLengths;
+using testing::LayoutKind;
+using testing::MaskKind;
+
+std::vector<std::pair<CaseSpec, DType>> few_rows_cases() {
+  std::vector<std::pair<CaseSpec, DType>> out;
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  const std::int64_t dims[] = {1, 5, 16, 17, 32, 64, 100, 128};
+  const std::int64_t keys[] = {1, 3, 4, 5, 63, 64, 65, 130, 700, 1500};
+  // (heads, kv_heads, q_len): 1 to 4 rows per K/V head.
+  const std::int64_t groups[][3] = {{2, 2, 1}, {4, 2, 1}, {6, 2, 1}, {8, 2, 1}, {3, 3, 2}, {2, 1, 2}, {1, 1, 4}, {1, 1, 3}};
+  int n = 0;
+  for (const auto& g : groups) {
+    for (std::int64_t d : dims) {
+      for (std::int64_t k : keys) {
+        ++n;
+        CaseSpec s;
+        s.name = "few_rows_" + std::to_string(n);
+        s.batch = 1 + n % 2, s.heads = g[0], s.kv_heads = g[1], s.q_len = g[2], s.k_len = k, s.head_dim = d;
+        s.v_head_dim = n % 5 == 0 ? d + 3 : 0;
+        s.layout = n % 3 == 0 ? LayoutKind::PositionsFirst : n % 7 == 0 ? LayoutKind::Padded : LayoutKind::HeadFirst;
+        s.mask = n % 4 == 1 ? MaskKind::Random : n % 4 == 2 ? MaskKind::KeyPadding : MaskKind::None;
+        s.causal = n % 3 == 1;
+        if (s.causal && n % 6 == 1) s.window = 1 + k / 3;
+        if (n % 8 == 3) s.softcap = 5.0f;
+        if (n % 5 == 2) s.key_lengths = KeyLengths::Random;
+        s.head_sink = n % 9 == 4;
+        s.lse = n % 2 == 0;
+        s.input_std = n % 11 == 0 ? 3.0 : 1.0;
+        out.push_back({s, dtypes[n % 3]});
+      }
+    }
+  }
+  return out;
+}
+
+TEST(FewRows, MatchesReference) {
+  int split = 0;
+  for (const auto& [spec, dtype] : few_rows_cases()) {
+    SCOPED_TRACE(spec_string(spec) + " " + std::string(dtype_name(dtype)));
+    CaseData data(spec, dtype, 11);
+    const Outcome o = run_and_measure(data, data.reference());
+    EXPECT_NE(o.describe.find("few-rows"), std::string::npos) << o.describe;
+    split += o.describe.find("split-k") != std::string::npos;
+    EXPECT_LE(o.err, testing::tolerance(dtype));
+    EXPECT_LE(o.lse_err, kLseTolerance);
+    EXPECT_TRUE(o.gaps_untouched);
+    EXPECT_EQ(o.unwritten, 0);
+  }
+  EXPECT_GT(split, 20) << "the split-K path of few-rows items is covered";
+}
+
+// The bfloat16 cases again on the path of CPUs without AVX512_BF16 (on a CPU without it, the cases above ran it).
+TEST(FewRows, BFloat16WithoutDotProductInstructions) {
+  cpu::CpuKernelFeatures& features = cpu::cpu_kernel_features();
+  const cpu::CpuKernelFeatures saved = features;
+  features.avx512_bf16 = false;
+  for (const auto& [spec, dtype] : few_rows_cases()) {
+    if (dtype != DType::bf16) continue;
+    SCOPED_TRACE(spec_string(spec));
+    CaseData data(spec, dtype, 13);
+    const Outcome o = run_and_measure(data, data.reference());
+    EXPECT_LE(o.err, testing::tolerance(dtype));
+    EXPECT_LE(o.lse_err, kLseTolerance);
+    EXPECT_EQ(o.unwritten, 0);
+  }
+  features = saved;
+}
+
+// The vdpbf16ps score tile itself against float64 dot products of the same bfloat16 values: every row count,
+// head dims around its 32-element vectors, key counts around its groups of 4.
+TEST(FewRows, DotProductTileMatchesFloat64) {
+  if (!cpu::cpu_kernel_features().avx512_bf16) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::int64_t dim : {1, 7, 31, 32, 33, 64, 100, 128, 256}) {
+    for (std::int64_t n : {1, 3, 4, 5, 64}) {
+      const std::int64_t stride = dim + 3;
+      std::vector<std::uint16_t> q(4 * dim), k(static_cast<std::size_t>(n * stride));
+      for (auto& x : q) x = float_to_bf16_bits(normal(rng));
+      for (auto& x : k) x = float_to_bf16_bits(normal(rng));
+      for (int rows = 1; rows <= 4; ++rows) {
+        const std::uint16_t* qr[4] = {q.data(), q.data() + dim, q.data() + 2 * dim, q.data() + 3 * dim};
+        std::vector<float> s(static_cast<std::size_t>(4 * 64), -1.0f);
+        cpu::score_tile_bf16_dpbf16(qr, rows, dim, k.data(), stride, n, s.data(), 64);
+        for (int r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < n; ++j) {
+            double ref = 0.0, mag = 0.0;
+            for (std::int64_t d = 0; d < dim; ++d) {
+              const double p = double(bf16_bits_to_float(qr[r][d])) * bf16_bits_to_float(k[j * stride + d]);
+              ref += p;
+              mag += std::abs(p);
+            }
+            EXPECT_NEAR(s[r * 64 + j], ref, 1e-6 * mag + 1e-30) << "dim " << dim << " n " << n << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FewRows, ThreadCountDoesNotChangeABit) {
+  const auto cases = few_rows_cases();
+  for (std::size_t i = 0; i < cases.size(); i += 7) {
+    const auto& [spec, dtype] = cases[i];
+    SCOPED_TRACE(spec_string(spec));
+    CaseData data(spec, dtype, 12);
+    std::vector<std::byte> base;
+    for (int threads : {1, 2, 3, 8}) {
+      data.poison_outputs();
+      AttentionConfig config;
+      config.threads = threads;
+      Attention(data.problem(), config).run(data.args());
+      if (base.empty()) {
+        base = data.output_bytes();
+      } else {
+        EXPECT_TRUE(data.output_bytes() == base) << threads << " threads";
+      }
+    }
+  }
+}
+
+// A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score
+// poisons only its own row.
+TEST(FewRows, NonFiniteValuesStayInTheirRows) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Manual m(1, 4, 1, 1, 200, 64, 64, dtype);
+    m.randomize(5);
+    m.add_mask();
+    for (std::int64_t d = 0; d < 64; ++d) m.set(m.v, m.v_at(0, 0, 150, d), std::numeric_limits<float>::quiet_NaN());
+    for (std::int64_t h = 0; h < 4; ++h) {
+      if (h != 2) m.mask_at(0, h, 0, 150) = -std::numeric_limits<float>::infinity();  // only head 2 sees key 150
+    }
+    m.set(m.q, m.q_at(0, 3, 0, 7), std::numeric_limits<float>::quiet_NaN());  // head 3's scores are NaN
+    m.run();
+    for (std::int64_t d = 0; d < 64; ++d) {
+      EXPECT_TRUE(std::isfinite(m.out(0, 0, 0, d)));
+      EXPECT_TRUE(std::isfinite(m.out(0, 1, 0, d)));
+      EXPECT_TRUE(std::isnan(m.out(0, 2, 0, d)));
+      EXPECT_TRUE(std::isnan(m.out(0, 3, 0, d)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::test
