@@ -6,6 +6,7 @@
 #include "cpu/reference.hpp"
 #include "cpu/tiled_kernel.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "vulkan/vulkan_backend.hpp"
 
 #include <omp.h>
 
@@ -57,6 +58,7 @@ std::string backend_name(Backend b) {
     case Backend::Cpu: return "cpu";
     case Backend::Reference: return "reference";
     case Backend::Cuda: return "cuda";
+    case Backend::Vulkan: return "vulkan";
   }
   return "?";
 }
@@ -64,6 +66,7 @@ std::string backend_name(Backend b) {
 std::vector<Backend> available_backends() {
   std::vector<Backend> b{Backend::Cpu, Backend::Reference};
   if (cuda::available()) b.push_back(Backend::Cuda);
+  if (vulkan::available()) b.push_back(Backend::Vulkan);
   return b;
 }
 
@@ -72,6 +75,7 @@ struct Attention::Impl {
   Backend backend = Backend::Cpu;
   cpu::TiledPlan plan;
   cuda::CudaPlan cuda_plan;
+  std::shared_ptr<vulkan::Session> vulkan_session;
   std::vector<std::byte> own_scratch;  // CPU: kept between runs when the caller passes no scratch
   void* own_device_scratch = nullptr;  // CUDA: likewise, in device memory
   std::size_t own_device_bytes = 0;
@@ -123,12 +127,19 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     case Backend::Cpu: impl_->backend = Backend::Cpu; break;
     case Backend::Reference: impl_->backend = Backend::Reference; break;
     case Backend::Cuda: impl_->backend = Backend::Cuda; break;
+    case Backend::Vulkan: impl_->backend = Backend::Vulkan; break;
+  }
+  if (impl_->backend != Backend::Vulkan) {
+    if (!config.kernel.empty()) throw Error("config.kernel", "only the Vulkan backend takes a kernel override");
+    if (config.key_splits != 0) throw Error("config.key_splits", "only the Vulkan backend takes a key-split override");
   }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
     impl_->plan = cpu::plan_tiled(impl_->problem, threads);
   } else if (impl_->backend == Backend::Cuda) {
     impl_->cuda_plan = cuda::plan(impl_->problem);
+  } else if (impl_->backend == Backend::Vulkan) {
+    impl_->vulkan_session = vulkan::plan(impl_->problem, config.kernel, config.key_splits);
   }
 }
 
@@ -143,6 +154,7 @@ std::string Attention::describe() const {
   switch (impl_->backend) {
     case Backend::Reference: return "reference (float64, one row at a time)";
     case Backend::Cuda: return cuda::describe(impl_->cuda_plan);
+    case Backend::Vulkan: return vulkan::describe(*impl_->vulkan_session);
     default: return cpu::describe(impl_->plan);
   }
 }
@@ -177,6 +189,10 @@ void Attention::run(const AttentionArgs& args) {
   core::check_args(p, args, scratch_bytes());
   if (impl_->backend == Backend::Reference) {
     cpu::run_reference(p, args);
+    return;
+  }
+  if (impl_->backend == Backend::Vulkan) {
+    vulkan::run(*impl_->vulkan_session, args);
     return;
   }
   std::byte* scratch = static_cast<std::byte*>(args.scratch);

@@ -126,6 +126,7 @@ enum class Backend : std::uint8_t {
   Cpu,        // the tiled SIMD kernel on all cores
   Reference,  // float64, naive and obviously right: the oracle of the tests (slow)
   Cuda,
+  Vulkan,     // any Vulkan 1.2 compute device (host buffers: uploaded, run, downloaded); attnkit/vulkan.hpp
 };
 std::string backend_name(Backend b);
 // Backends this build can run now (Reference and Cpu always; Cuda when built and a device is present).
@@ -134,6 +135,11 @@ std::vector<Backend> available_backends();
 struct AttentionConfig {
   Backend backend = Backend::Auto;
   int threads = 0;  // CPU: worker threads (0: all cores). The results do not depend on it.
+  // A kernel the plan must take instead of its own choice ("": the plan's), and the key ranges of a split-K call
+  // (0: the plan's). For tests and benchmarks that compare kernels; Vulkan: "rows", "coopmat". Other backends
+  // accept only the defaults.
+  std::string kernel;
+  std::int64_t key_splits = 0;
 };
 
 class Attention {
