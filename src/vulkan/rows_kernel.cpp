@@ -3,8 +3,11 @@
 
 namespace attnkit::vulkan {
 namespace {
-constexpr std::uint32_t kSpirv[] = {
+constexpr std::uint32_t kLoops[] = {
 #include "attention_rows.spv.inc"
+};
+constexpr std::uint32_t kUnrolled[] = {
+#include "attention_rows_unrolled.spv.inc"
 };
 
 std::int32_t elem_code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2; }
@@ -16,7 +19,8 @@ std::vector<std::int32_t> common_constants(const AttentionProblem& p, const Vulk
 }
 
 KernelShader rows_kernel(const AttentionProblem& p, const VulkanPlan& plan) {
-  return {"attention_rows", kSpirv, common_constants(p, plan)};
+  if (plan.unrolled) return {"attention_rows_unrolled", kUnrolled, common_constants(p, plan)};
+  return {"attention_rows", kLoops, common_constants(p, plan)};
 }
 
 }  // namespace attnkit::vulkan

@@ -3,13 +3,17 @@
 
 namespace attnkit::vulkan {
 namespace {
-constexpr std::uint32_t kSpirv[] = {
+constexpr std::uint32_t kLoops[] = {
 #include "split_merge.spv.inc"
+};
+constexpr std::uint32_t kUnrolled[] = {
+#include "split_merge_unrolled.spv.inc"
 };
 }  // namespace
 
 KernelShader merge_kernel(const AttentionProblem& p, const VulkanPlan& plan) {
-  return {"split_merge", kSpirv, common_constants(p, plan)};
+  if (plan.unrolled) return {"split_merge_unrolled", kUnrolled, common_constants(p, plan)};
+  return {"split_merge", kLoops, common_constants(p, plan)};
 }
 
 }  // namespace attnkit::vulkan

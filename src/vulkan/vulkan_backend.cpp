@@ -50,6 +50,7 @@ VulkanTraits traits_of(const Context& ctx) {
   VulkanTraits t;
   t.cpu_device = ctx.info().type == "cpu";
   t.cooperative_matrix = ctx.info().cooperative_matrix;
+  t.subgroup_size = ctx.info().subgroup_size;
   t.shared_memory_bytes = ctx.limits().maxComputeSharedMemorySize;
   t.max_groups_x = ctx.limits().maxComputeWorkGroupCount[0];
   t.max_buffer_bytes = ctx.limits().maxStorageBufferRange;

@@ -16,8 +16,8 @@ constexpr std::int64_t kMaxSplits = 16;
 // Workgroups that keep a device busy: about 256 on a GPU (the seed's figure), a few per core on a CPU device.
 constexpr std::int64_t kGpuWorkgroups = 256;
 constexpr std::int64_t kCpuWorkgroups = 16;
-// On a CPU device (llvmpipe) no workgroup walks more keys than this: its loop guard (shaders/common.glsl, DC).
-constexpr std::int64_t kCpuMaxRangeKeys = 16384;
+// llvmpipe's loop guard (shaders/common.glsl): a shader's loops may run this many iterations in all, with margin.
+constexpr std::int64_t kCpuLoopIterations = 60000;
 // The cooperative-matrix kernel's limits: float16, head dims up to 128 (its tiles live in 48 KiB of shared memory).
 constexpr std::int64_t kCoopMaxHeadDim = 128;
 
@@ -35,6 +35,7 @@ std::string coop_refusal(const AttentionProblem& p, const VulkanTraits& device) 
   if (!device.cooperative_matrix) return "the device offers no float16 cooperative matrices";
   if (p.dtype != DType::f16) return "it runs float16 only";
   if (p.head_dim > kCoopMaxHeadDim || p.v_head_dim > kCoopMaxHeadDim) return "head dims above 128";
+  if (device.subgroup_size != 32) return "its lanes are laid out for 32-lane subgroups";
   if (device.shared_memory_bytes < 32768) return "the device's shared memory is under 32 KiB";
   return "";
 }
@@ -48,13 +49,21 @@ void choose_split(const AttentionProblem& p, const VulkanTraits& device, const P
   } else if (base > 0 && base < target && p.k_len >= 2 * kMinSplitKeys) {
     want = std::min({kMaxSplits, ceil_div(target, base), p.k_len / kMinSplitKeys});
   }
-  if (device.cpu_device) want = std::max(want, ceil_div(p.k_len, kCpuMaxRangeKeys));
+  if (device.cpu_device) {
+    // The rolled build runs about D + DV loop iterations per key (plus 2 DV per tile): ranges that stay under
+    // the guard, as many as that takes.
+    const std::int64_t per_key = p.head_dim + p.v_head_dim + 2 * p.v_head_dim / plan.tile_keys + 4;
+    const std::int64_t most_keys = std::max<std::int64_t>(kCpuLoopIterations / per_key / kSplitGranule * kSplitGranule, kSplitGranule);
+    want = std::max(want, ceil_div(p.k_len, most_keys));
+  }
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
   plan.splits = 1;
   if (want > 1) {
     plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
+  ATTNKIT_REQUIRE(!device.cpu_device || plan.splits * (p.v_head_dim + 2) + 2 * p.v_head_dim < kCpuLoopIterations, "k_len",
+                  "too many keys for a CPU Vulkan device at this head dim (llvmpipe's loop guard ends the merge pass)");
 }
 
 }  // namespace
@@ -86,6 +95,7 @@ VulkanPlan plan_for(const AttentionProblem& p, const VulkanTraits& device, const
     plan.why = "scalar: coopmat not taken, " + refusal;
   }
   plan.tile_keys = plan.kernel == VulkanPlan::Kernel::CoopMatrix ? 16 : tile_keys_for(p);
+  plan.unrolled = !device.cpu_device;
   plan.group = p.heads / p.kv_heads;
   plan.row_block = kRowBlock;
   plan.row_blocks = ceil_div(plan.group * p.q_len, plan.row_block);

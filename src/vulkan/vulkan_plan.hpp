@@ -12,6 +12,7 @@ namespace attnkit::vulkan {
 struct VulkanTraits {
   bool cpu_device = false;                 // a software rasteriser (lavapipe): few workgroups at once
   bool cooperative_matrix = false;         // float16 16x16x16 matrices, float32 accumulators
+  std::uint32_t subgroup_size = 32;
   std::uint32_t shared_memory_bytes = 16384;
   std::uint32_t max_groups_x = 65535;
   std::uint64_t max_buffer_bytes = 1u << 27;  // maxStorageBufferRange
@@ -21,7 +22,8 @@ struct VulkanPlan {
   enum class Kernel : std::uint8_t { Rows, CoopMatrix };
   Kernel kernel = Kernel::Rows;
   std::string why;                // why this kernel (describe())
-  int tile_keys = 32;             // keys per staged tile
+  int tile_keys = 32;             // keys per tile
+  bool unrolled = true;           // the scalar shaders' unrolled build (GPUs); CPU devices keep loops
   std::int64_t group = 1;         // query heads per K/V head
   std::int64_t row_block = 64;    // rows per workgroup
   std::int64_t row_blocks = 0;    // per (batch, K/V head)

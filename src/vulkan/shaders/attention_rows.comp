@@ -6,11 +6,10 @@
 // a barrier inside the key loop once a row walked about 30 tiles, and without barriers it cannot. Needs nothing
 // of a device beyond 16-bit storage and 64-bit integers, so it runs everywhere.
 //
-// Blockwise sums: each tile's probabilities are summed apart (a sum that starts at zero), and the tile's sum is
-// added to the running one after one rescale, for the denominator and for every accumulator alike; so no sum
-// runs over more than TK keys or over the tiles, and float32 holds 1e-5 at 16k keys. Every order is fixed by
+// Blockwise sums: each tile's probabilities and p * V products are summed apart (sums that start at zero), and
+// added to the running ones after one rescale; so no sum runs over more than TK keys or over the tiles, and
+// float32 holds 1e-5 at 16k keys. Every order is fixed by
 // the code: two runs give the same bits, and so do cut launches (a workgroup's bits depend only on its index).
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -39,26 +38,27 @@ void main() {
 
   float q[D];
   float acc[DV];
-  [[unroll]] for (int d = 0; d < D; ++d) q[d] = sees ? load_q(at(P.lq, b, h, i) + uint(d)) : 0.0;
-  [[unroll]] for (int d = 0; d < DV; ++d) acc[d] = 0.0;
+  UNROLL for (int d = 0; d < D; ++d) q[d] = sees ? load_q(at(P.lq, b, h, i) + uint(d)) : 0.0;
+  UNROLL for (int d = 0; d < DV; ++d) acc[d] = 0.0;
   float row_max = NEG_INF, row_sum = 0.0;
   bool poisoned = false;
   const uint mask_row = (P.has_mask != 0u && sees) ? at(P.lm, b, h, i) : 0u;
 
   float p[TK];
-  const uint k_head = at(P.lk, b, kvh, 0u), v_head = at(P.lv, b, kvh, 0u);
+  float part[DV];  // this tile's sum of p * V, from zero (blockwise)
   // Tiles of TK keys from the range's start: the first one holding a visible key, up to the last.
   const int first_tile = sees ? range_begin + (keys.x - range_begin) / TK * TK : 0;
   const int end_tile = sees ? keys.y : 0;
+  const uint k_head = at(P.lk, b, kvh, 0u), v_head = at(P.lv, b, kvh, 0u);
   for (int tile = first_tile; tile < end_tile; tile += TK) {
     float tile_max = NEG_INF;
-    [[unroll]] for (int jj = 0; jj < TK; ++jj) {
+    for (int jj = 0; jj < TK; ++jj) {
       const int j = tile + jj;
       float s = NEG_INF;
       if (j >= keys.x && j < keys.y) {
         float dot = 0.0;
         const uint k_row = k_head + uint(j) * P.lk.row;
-        [[unroll]] for (int d = 0; d < D; ++d) dot += q[d] * load_k(k_row + uint(d));
+        UNROLL for (int d = 0; d < D; ++d) dot += q[d] * load_k(k_row + uint(d));
         s = transform(dot);
         if (P.has_mask != 0u) s += load_mask(mask_row + uint(j));
         if (isnan(s) || s == POS_INF) poisoned = true;
@@ -70,19 +70,16 @@ void main() {
     const float alpha = rescale_factor(row_max, new_max);
     const float base = usable_max(new_max);
     float tile_sum = 0.0;
-    [[unroll]] for (int jj = 0; jj < TK; ++jj) {
-      p[jj] = p[jj] == NEG_INF || isnan(p[jj]) || p[jj] == POS_INF ? 0.0 : exp(p[jj] - base);
-      tile_sum += p[jj];
+    UNROLL for (int d = 0; d < DV; ++d) part[d] = 0.0;
+    for (int jj = 0; jj < TK; ++jj) {
+      const float pj = p[jj] == NEG_INF || isnan(p[jj]) || p[jj] == POS_INF ? 0.0 : exp(p[jj] - base);
+      tile_sum += pj;
+      // p is 0 off the visible keys: read a visible row there (V is not inspected where it has no weight).
+      const uint v_row = v_head + uint(clamp(tile + jj, keys.x, keys.y - 1)) * P.lv.row;
+      UNROLL for (int d = 0; d < DV; ++d) part[d] += pj * load_v(v_row + uint(d));
     }
     row_sum = row_sum * alpha + tile_sum;
-    [[unroll]] for (int d = 0; d < DV; ++d) {
-      float part = 0.0;
-      [[unroll]] for (int jj = 0; jj < TK; ++jj) {
-        const int j = clamp(tile + jj, keys.x, keys.y - 1);  // p is 0 off the visible keys: read a visible row
-        part += p[jj] * load_v(v_head + uint(j) * P.lv.row + uint(d));
-      }
-      acc[d] = acc[d] * alpha + part;
-    }
+    UNROLL for (int d = 0; d < DV; ++d) acc[d] = acc[d] * alpha + part[d];
     row_max = new_max;
   }
   if (!has_row) return;
@@ -93,11 +90,11 @@ void main() {
     partials[at_partial] = row_max;
     partials[at_partial + 1u] = row_sum;
     partials[at_partial + 2u] = poisoned ? 1.0 : 0.0;
-    [[unroll]] for (int d = 0; d < DV; ++d) partials[at_partial + 3u + uint(d)] = acc[d];
+    UNROLL for (int d = 0; d < DV; ++d) partials[at_partial + 3u + uint(d)] = acc[d];
     return;
   }
   const vec2 fin = finish_row(row_max, row_sum, poisoned, h);
   const uint out_at = at(P.lo, b, h, i);
-  [[unroll]] for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
+  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
   if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
 }

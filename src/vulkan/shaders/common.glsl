@@ -4,6 +4,7 @@
 // include C++, and the tests hold both to the float64 reference.
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_control_flow_attributes : require
 
 // Element type of Q, K, V and O (0 float32, 1 float16, 2 bfloat16) and of the mask.
 layout(constant_id = 0) const int ELEM = 0;
@@ -12,11 +13,16 @@ layout(constant_id = 2) const int D = 64;    // head_dim (Q, K)
 layout(constant_id = 3) const int DV = 64;   // v_head_dim (V, O)
 layout(constant_id = 4) const int TK = 32;   // keys per staged tile
 const int WG = 64;                           // rows (threads) per workgroup
-// Every loop but the walk over key tiles is unrolled ([[unroll]], honoured once the specialization constants
-// are known). Mesa's llvmpipe (lavapipe) ends a loop after 65535 iterations in all (a guard against hangs,
-// counted over every entry of the loop): a rolled loop over 64 dims of each of 1024 keys was cut short and gave
-// wrong rows. With only the tile loop rolled, a key range of 16384 keys is 2048 tiles at most; the plan keeps
-// ranges that short on CPU devices (vulkan_plan.cpp). On GPUs the unrolled loops keep q and acc in registers.
+// Two builds of each scalar shader: UNROLL_LOOPS (for GPUs) unrolls the loops over head dims and a tile's keys
+// once the specialization constants are known, so q and the accumulators stay in registers; the plain build (for
+// CPU devices, lavapipe) keeps loops, since llvmpipe took minutes to compile the unrolled form. llvmpipe also ends
+// a shader's loops after 65535 iterations in all (a guard against hangs, counted over every loop and entry): the
+// plan keeps a workgroup's key range and the merge pass's ranges short enough on CPU devices (vulkan_plan.cpp).
+#ifdef UNROLL_LOOPS
+#define UNROLL [[unroll]]
+#else
+#define UNROLL
+#endif
 
 struct TensorLayout { uint offset, batch, head, row; };
 

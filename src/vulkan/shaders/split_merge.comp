@@ -1,7 +1,6 @@
 #version 450
 // The split-K merge pass: one thread per query row folds the partial (max, sum, accumulator) of each key range
 // in range order (core::merge_weights), then finishes the row as the one-pass kernels do (core::finish_row).
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -15,7 +14,7 @@ void main() {
   const uint b = bh / P.heads;
 
   float acc[DV];
-  [[unroll]] for (int d = 0; d < DV; ++d) acc[d] = 0.0;
+  UNROLL for (int d = 0; d < DV; ++d) acc[d] = 0.0;
   float m = NEG_INF, sum = 0.0;
   bool poisoned = false;
   for (uint s = 0u; s < P.splits; ++s) {
@@ -25,11 +24,11 @@ void main() {
     const float mm = m > pm ? m : pm;
     const float wa = rescale_factor(m, mm), wb = rescale_factor(pm, mm);
     sum = sum * wa + partials[base + 1u] * wb;
-    [[unroll]] for (int d = 0; d < DV; ++d) acc[d] = acc[d] * wa + partials[base + 3u + uint(d)] * wb;
+    UNROLL for (int d = 0; d < DV; ++d) acc[d] = acc[d] * wa + partials[base + 3u + uint(d)] * wb;
     m = mm;
   }
   const vec2 fin = finish_row(m, sum, poisoned, h);
   const uint out_at = at(P.lo, b, h, i);
-  [[unroll]] for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
+  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
   if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
 }
