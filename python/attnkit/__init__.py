@@ -216,7 +216,8 @@ def attention(
         head_sink: float32 ``[H]``: a logit per query head that joins every row's softmax denominator only.
         threads: CPU worker threads (default: all cores); the result does not depend on it.
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
-            ``"reference"`` (float64, slow: the oracle of the tests) or ``"cuda"`` (CUDA arrays only).
+            ``"reference"`` (float64, slow: the oracle of the tests), ``"cuda"`` (CUDA arrays only) or
+            ``"vulkan"`` (host arrays, uploaded to the first Vulkan GPU, else a CPU Vulkan device, and copied back).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true.
@@ -243,7 +244,7 @@ def attention(
         out,
         _choice("layout", layout, ("bhsd", "bshd")),
         _optional_int("threads", threads),
-        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")),
+        _choice("backend", backend, ("auto", "cpu", "reference", "cuda", "vulkan")),
         _current_stream(q),
         _allocator(q),
     )

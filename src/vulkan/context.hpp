@@ -107,7 +107,7 @@ Context& shared_context();
 // Whether a usable device exists (makes the context; false when making it fails).
 bool context_available();
 
-// The bindings of common.glsl: 0 the parameter block, 1..10 the storage buffers.
-inline constexpr std::uint32_t kStorageBindings = 10;
+// The bindings of common.glsl: 0 the parameter block, 1..11 the storage buffers.
+inline constexpr std::uint32_t kStorageBindings = 11;
 
 }  // namespace attnkit::vulkan

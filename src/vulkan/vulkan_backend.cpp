@@ -21,7 +21,7 @@ namespace {
 thread_local double g_last_gpu_ms = 0.0;
 
 // Bindings of common.glsl.
-enum Binding : std::uint32_t { kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kPartials };
+enum Binding : std::uint32_t { kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kPartials, kThreadScratch };
 
 // One tensor's copy on the device: the element span its layout reaches, moved as bytes.
 struct Region {
@@ -91,9 +91,9 @@ class Session {
   VulkanPlan plan_;
   const Pipeline* main_ = nullptr;
   const Pipeline* merge_ = nullptr;
-  std::array<Region, kPartials + 1> regions_{};
+  std::array<Region, kThreadScratch + 1> regions_{};
   Buffer params_, upload_, download_, dummy_;
-  std::array<Buffer, kPartials + 1> device_{};
+  std::array<Buffer, kThreadScratch + 1> device_{};
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
   VkDescriptorSet set_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
@@ -212,6 +212,9 @@ void Session::make_buffers() {
                         false);
   }
   if (plan_.partial_bytes > 0) device_[kPartials] = Buffer(ctx_, plan_.partial_bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, false);
+  if (plan_.thread_scratch_bytes > 0) {
+    device_[kThreadScratch] = Buffer(ctx_, plan_.thread_scratch_bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, false);
+  }
 }
 
 void Session::make_descriptors() {
@@ -263,16 +266,24 @@ void Session::record_launch(VkCommandBuffer cb, std::int64_t launch, std::int64_
     vkCmdPushConstants(cb, pipe.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof first_group, &first_group);
     vkCmdDispatch(cb, groups, 1, 1);
   };
+  if (!first && plan_.thread_scratch_bytes > 0) {  // the launches share the per-thread scratch: one after another
+    memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+  }
   const std::int64_t begin = launch * plan_.per_launch;
   const std::int64_t groups = std::min(plan_.per_launch, plan_.workgroups - begin);
   if (groups > 0) dispatch(*main_, static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(groups));
   if (!last) return;
   if (merge_ != nullptr) {
-    memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                   VK_ACCESS_SHADER_READ_BIT);
+    memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     const std::int64_t merge_groups = (plan_.total_rows + plan_.row_block - 1) / plan_.row_block;
-    const std::int64_t most = ctx_.limits().maxComputeWorkGroupCount[0];
+    const std::int64_t most = plan_.launch_groups;
     for (std::int64_t g = 0; g < merge_groups; g += most) {
+      if (g > 0) {
+        memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      }
       dispatch(*merge_, static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(std::min(most, merge_groups - g)));
     }
   }

@@ -18,6 +18,8 @@ constexpr std::int64_t kGpuWorkgroups = 256;
 constexpr std::int64_t kCpuWorkgroups = 16;
 // llvmpipe's loop guard (shaders/common.glsl): a shader's loops may run this many iterations in all, with margin.
 constexpr std::int64_t kCpuLoopIterations = 60000;
+// Workgroups per launch on a CPU device: bounds the loop build's per-thread scratch (64 threads x the arrays).
+constexpr std::int64_t kCpuLaunchGroups = 64;
 // The cooperative-matrix kernel's limits: float16, head dims up to 128 (its tiles live in 48 KiB of shared memory).
 constexpr std::int64_t kCoopMaxHeadDim = 128;
 
@@ -105,6 +107,12 @@ VulkanPlan plan_for(const AttentionProblem& p, const VulkanTraits& device, const
   const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
   plan.per_launch = std::min<std::int64_t>(core::blocks_per_launch(p.work_budget, block_cost, plan.workgroups),
                                            device.max_groups_x);
+  plan.launch_groups = device.cpu_device ? kCpuLaunchGroups : device.max_groups_x;
+  plan.per_launch = std::min(plan.per_launch, plan.launch_groups);
+  if (!plan.unrolled) {
+    plan.thread_scratch_bytes =
+        static_cast<std::uint64_t>(plan.launch_groups * plan.row_block * (p.head_dim + 2 * p.v_head_dim + plan.tile_keys)) * 4;
+  }
   plan.partial_bytes = plan.splits > 1 ? static_cast<std::uint64_t>(plan.splits * plan.total_rows * (p.v_head_dim + 3)) * 4 : 0;
   ATTNKIT_REQUIRE(plan.partial_bytes <= device.max_buffer_bytes, "k_len",
                   "the split-K partials exceed the device's largest storage buffer");

@@ -33,6 +33,10 @@ struct VulkanPlan {
   std::int64_t per_launch = 0;    // workgroups per launch (the work budget's cut)
   std::int64_t total_rows = 0;    // batch * heads * q_len
   std::uint64_t partial_bytes = 0;
+  // The loop build's per-thread arrays (shaders/common.glsl): a slot per thread of one launch, whose workgroups
+  // are then at most launch_groups (also the merge pass's).
+  std::int64_t launch_groups = 0;
+  std::uint64_t thread_scratch_bytes = 0;
 };
 
 // What a caller may force (AttentionConfig::kernel / key_splits): "" and 0 leave the choice to the plan.

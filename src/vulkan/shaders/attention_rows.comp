@@ -36,16 +36,26 @@ void main() {
   keys.y = min(keys.y, range_end);
   const bool sees = has_row && keys.x < keys.y;
 
-  float q[D];
-  float acc[DV];
-  UNROLL for (int d = 0; d < D; ++d) q[d] = sees ? load_q(at(P.lq, b, h, i) + uint(d)) : 0.0;
-  UNROLL for (int d = 0; d < DV; ++d) acc[d] = 0.0;
+#ifdef UNROLL_LOOPS
+  float q_[D], acc_[DV], part_[DV], p_[TK];
+#define Q(d) q_[d]
+#define ACC(d) acc_[d]
+#define PART(d) part_[d]
+#define PJ(j) p_[j]
+#else
+  const uint slot = (gl_WorkGroupID.x * uint(WG) + t) * uint(D + 2 * DV + TK);
+#define Q(d) thread_scratch[slot + uint(d)]
+#define ACC(d) thread_scratch[slot + uint(D + (d))]
+#define PART(d) thread_scratch[slot + uint(D + DV + (d))]
+#define PJ(j) thread_scratch[slot + uint(D + 2 * DV + (j))]
+#endif
+  UNROLL for (int d = 0; d < D; ++d) Q(d) = sees ? load_q(at(P.lq, b, h, i) + uint(d)) : 0.0;
+  UNROLL for (int d = 0; d < DV; ++d) ACC(d) = 0.0;
   float row_max = NEG_INF, row_sum = 0.0;
   bool poisoned = false;
   const uint mask_row = (P.has_mask != 0u && sees) ? at(P.lm, b, h, i) : 0u;
 
-  float p[TK];
-  float part[DV];  // this tile's sum of p * V, from zero (blockwise)
+  // PART: this tile's sum of p * V, from zero (blockwise); PJ: the tile's scores, then probabilities.
   // Tiles of TK keys from the range's start: the first one holding a visible key, up to the last.
   const int first_tile = sees ? range_begin + (keys.x - range_begin) / TK * TK : 0;
   const int end_tile = sees ? keys.y : 0;
@@ -58,28 +68,28 @@ void main() {
       if (j >= keys.x && j < keys.y) {
         float dot = 0.0;
         const uint k_row = k_head + uint(j) * P.lk.row;
-        UNROLL for (int d = 0; d < D; ++d) dot += q[d] * load_k(k_row + uint(d));
+        UNROLL for (int d = 0; d < D; ++d) dot += Q(d) * load_k(k_row + uint(d));
         s = transform(dot);
         if (P.has_mask != 0u) s += load_mask(mask_row + uint(j));
         if (isnan(s) || s == POS_INF) poisoned = true;
         else if (s > tile_max) tile_max = s;
       }
-      p[jj] = s;
+      PJ(jj) = s;
     }
     const float new_max = max(row_max, tile_max);
     const float alpha = rescale_factor(row_max, new_max);
     const float base = usable_max(new_max);
     float tile_sum = 0.0;
-    UNROLL for (int d = 0; d < DV; ++d) part[d] = 0.0;
+    UNROLL for (int d = 0; d < DV; ++d) PART(d) = 0.0;
     for (int jj = 0; jj < TK; ++jj) {
-      const float pj = p[jj] == NEG_INF || isnan(p[jj]) || p[jj] == POS_INF ? 0.0 : exp(p[jj] - base);
+      const float pj = PJ(jj) == NEG_INF || isnan(PJ(jj)) || PJ(jj) == POS_INF ? 0.0 : exp(PJ(jj) - base);
       tile_sum += pj;
       // p is 0 off the visible keys: read a visible row there (V is not inspected where it has no weight).
       const uint v_row = v_head + uint(clamp(tile + jj, keys.x, keys.y - 1)) * P.lv.row;
-      UNROLL for (int d = 0; d < DV; ++d) part[d] += pj * load_v(v_row + uint(d));
+      UNROLL for (int d = 0; d < DV; ++d) PART(d) += pj * load_v(v_row + uint(d));
     }
     row_sum = row_sum * alpha + tile_sum;
-    UNROLL for (int d = 0; d < DV; ++d) acc[d] = acc[d] * alpha + part[d];
+    UNROLL for (int d = 0; d < DV; ++d) ACC(d) = ACC(d) * alpha + PART(d);
     row_max = new_max;
   }
   if (!has_row) return;
@@ -90,11 +100,11 @@ void main() {
     partials[at_partial] = row_max;
     partials[at_partial + 1u] = row_sum;
     partials[at_partial + 2u] = poisoned ? 1.0 : 0.0;
-    UNROLL for (int d = 0; d < DV; ++d) partials[at_partial + 3u + uint(d)] = acc[d];
+    UNROLL for (int d = 0; d < DV; ++d) partials[at_partial + 3u + uint(d)] = ACC(d);
     return;
   }
   const vec2 fin = finish_row(row_max, row_sum, poisoned, h);
   const uint out_at = at(P.lo, b, h, i);
-  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
+  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(ACC(d), fin.x));
   if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
 }

@@ -54,6 +54,10 @@ layout(std430, set = 0, binding = 8) readonly buffer HeadSink { float head_sink[
 layout(std430, set = 0, binding = 9) writeonly buffer Lse { float lse_out[]; };
 // Split-K partials: per (range, row) the max, the sum, a poison flag and the DV accumulators.
 layout(std430, set = 0, binding = 10) buffer Partials { float partials[]; };
+// The loop build's per-thread arrays (q, accumulators, a tile's p) live here, one slot per thread of a launch:
+// llvmpipe lowers a dynamically indexed local array to chains of selects and took a minute to compile a 32-dim
+// kernel; buffer indexing compiles at once. The unrolled build keeps them in registers.
+layout(std430, set = 0, binding = 11) buffer ThreadScratch { float thread_scratch[]; };
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define POS_INF uintBitsToFloat(0x7f800000u)

@@ -13,8 +13,14 @@ void main() {
   const uint h = bh % P.heads;
   const uint b = bh / P.heads;
 
-  float acc[DV];
-  UNROLL for (int d = 0; d < DV; ++d) acc[d] = 0.0;
+#ifdef UNROLL_LOOPS
+  float acc_[DV];
+#define ACC(d) acc_[d]
+#else
+  const uint slot = (gl_WorkGroupID.x * uint(WG) + gl_LocalInvocationID.x) * uint(D + 2 * DV + TK);
+#define ACC(d) thread_scratch[slot + uint(d)]
+#endif
+  UNROLL for (int d = 0; d < DV; ++d) ACC(d) = 0.0;
   float m = NEG_INF, sum = 0.0;
   bool poisoned = false;
   for (uint s = 0u; s < P.splits; ++s) {
@@ -24,11 +30,11 @@ void main() {
     const float mm = m > pm ? m : pm;
     const float wa = rescale_factor(m, mm), wb = rescale_factor(pm, mm);
     sum = sum * wa + partials[base + 1u] * wb;
-    UNROLL for (int d = 0; d < DV; ++d) acc[d] = acc[d] * wa + partials[base + 3u + uint(d)] * wb;
+    UNROLL for (int d = 0; d < DV; ++d) ACC(d) = ACC(d) * wa + partials[base + 3u + uint(d)] * wb;
     m = mm;
   }
   const vec2 fin = finish_row(m, sum, poisoned, h);
   const uint out_at = at(P.lo, b, h, i);
-  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(acc[d], fin.x));
+  UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(ACC(d), fin.x));
   if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
 }
