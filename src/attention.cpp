@@ -6,6 +6,7 @@
 #include "cpu/reference.hpp"
 #include "cpu/tiled_kernel.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "vulkan/vulkan_backend.hpp"
 
 #include <omp.h>
 
@@ -57,6 +58,7 @@ std::string backend_name(Backend b) {
     case Backend::Cpu: return "cpu";
     case Backend::Reference: return "reference";
     case Backend::Cuda: return "cuda";
+    case Backend::Vulkan: return "vulkan";
   }
   return "?";
 }
@@ -64,6 +66,7 @@ std::string backend_name(Backend b) {
 std::vector<Backend> available_backends() {
   std::vector<Backend> b{Backend::Cpu, Backend::Reference};
   if (cuda::available()) b.push_back(Backend::Cuda);
+  if (vulkan::available()) b.push_back(Backend::Vulkan);
   return b;
 }
 
@@ -73,6 +76,7 @@ struct Attention::Impl {
   cpu::TiledPlan plan;
   cuda::CudaPlan cuda_plan;
   PlanOverrides overrides;
+  std::shared_ptr<vulkan::Session> vulkan_session;
   std::vector<std::byte> own_scratch;  // CPU: kept between runs when the caller passes no scratch
   void* own_device_scratch = nullptr;  // CUDA: likewise, in device memory
   std::size_t own_device_bytes = 0;
@@ -117,6 +121,9 @@ void require_device_pointers(const AttentionArgs& a) {
 }
 // The names of a PlanOverrides set in C++ (not parsed from text): the parse of its text form checks them.
 void check_plan_overrides(const PlanOverrides& o) {
+  if (o.splits < 0) throw Error("config.plan.splits", "must be >= 0 (0: the plan's choice)");
+  if (o.persistent_blocks < 0) throw Error("config.plan.persistent_blocks", "must be >= 0 (0: the plan's choice)");
+  if (o.heavy_group < 0) throw Error("config.plan.heavy_group", "must be >= 0 (0: the plan's choice)");
   try {
     (void)parse_plan_overrides(o.to_string());
   } catch (const Error& e) {
@@ -135,12 +142,15 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     case Backend::Cpu: impl_->backend = Backend::Cpu; break;
     case Backend::Reference: impl_->backend = Backend::Reference; break;
     case Backend::Cuda: impl_->backend = Backend::Cuda; break;
+    case Backend::Vulkan: impl_->backend = Backend::Vulkan; break;
   }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
     impl_->plan = cpu::plan_tiled(impl_->problem, threads);
   } else if (impl_->backend == Backend::Cuda) {
     impl_->cuda_plan = cuda::plan(impl_->problem, config.plan);
+  } else if (impl_->backend == Backend::Vulkan) {
+    impl_->vulkan_session = vulkan::plan(impl_->problem, config.plan.kernel, config.plan.splits);
   }
 }
 
@@ -155,6 +165,7 @@ std::string Attention::describe() const {
   switch (impl_->backend) {
     case Backend::Reference: return "reference (float64, one row at a time)";
     case Backend::Cuda: return cuda::describe(impl_->cuda_plan);
+    case Backend::Vulkan: return vulkan::describe(*impl_->vulkan_session);
     default: return cpu::describe(impl_->plan);
   }
 }
@@ -198,6 +209,10 @@ void Attention::run(const AttentionArgs& args) {
   if (args.status.data != nullptr) *static_cast<std::int32_t*>(args.status.data) = -1;  // (lengths checked above)
   if (impl_->backend == Backend::Reference) {
     cpu::run_reference(p, args);
+    return;
+  }
+  if (impl_->backend == Backend::Vulkan) {
+    vulkan::run(*impl_->vulkan_session, args);
     return;
   }
   std::byte* scratch = static_cast<std::byte*>(args.scratch);

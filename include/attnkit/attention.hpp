@@ -132,6 +132,7 @@ enum class Backend : std::uint8_t {
   Cpu,        // the tiled SIMD kernel on all cores
   Reference,  // float64, naive and obviously right: the oracle of the tests (slow)
   Cuda,
+  Vulkan,     // any Vulkan 1.2 compute device (host buffers: uploaded, run, downloaded); attnkit/vulkan.hpp
 };
 std::string backend_name(Backend b);
 // Backends this build can run now (Reference and Cpu always; Cuda when built and a device is present).
@@ -143,8 +144,9 @@ std::vector<Backend> available_backends();
 // other backends check the names and otherwise ignore them. Text form, for the CLI and Python
 // (parse_plan_overrides): "kernel=mma,splits=4,off=plain+cluster,persistent=7,heavy_group=5".
 struct PlanOverrides {
-  // A kernel of plan_kernel_names(): it runs the problem wherever it accepts it (else the plan's own choice runs;
-  // describe() names the kernel that does). "": the plan's choice.
+  // A kernel of plan_kernel_names(). CUDA: it runs the problem wherever it accepts it (else the plan's own choice
+  // runs; describe() names the kernel that does). Vulkan ("rows", "coopmat"): a kernel that cannot run the
+  // problem is an Error. "": the plan's choice.
   std::string kernel;
   std::int64_t splits = 0;  // key ranges of every problem the kernel may split (0: the plan's choice)
   std::vector<std::string> off;  // plan features left out (plan_feature_names(): "plain", "cluster", ...)
@@ -157,7 +159,7 @@ struct PlanOverrides {
 };
 // Throws Error("plan", ...) naming the unknown key, kernel or feature (and the ones there are).
 PlanOverrides parse_plan_overrides(const std::string& text);
-// The CUDA backend's kernels, and the plan features that `off` can leave out (each with what it does).
+// The CUDA and Vulkan backends' kernels, and the plan features that `off` can leave out (each with what it does).
 std::vector<std::string> plan_kernel_names();
 std::vector<std::pair<std::string, std::string>> plan_features();
 

@@ -260,7 +260,8 @@ def attention(
             the binding directly (eager and CUDA-graph capture; not through the torch custom op, so not under
             ``torch.compile``).
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
-            ``"reference"`` (float64, slow: the oracle of the tests) or ``"cuda"`` (CUDA arrays only).
+            ``"reference"`` (float64, slow: the oracle of the tests), ``"cuda"`` (CUDA arrays only) or
+            ``"vulkan"`` (host arrays, uploaded to the first Vulkan GPU, else a CPU Vulkan device, and copied back).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true.
@@ -303,7 +304,7 @@ def attention(
         out,
         _choice("layout", layout, ("bhsd", "bshd")),
         _optional_int("threads", threads),
-        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")),
+        _choice("backend", backend, ("auto", "cpu", "reference", "cuda", "vulkan")),
         _current_stream(q),
         _allocator(q),
         None,

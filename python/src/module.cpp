@@ -40,8 +40,9 @@ Backend parse_backend(const std::string& s) {
   if (s == "cpu") return Backend::Cpu;
   if (s == "reference") return Backend::Reference;
   if (s == "cuda") return Backend::Cuda;
+  if (s == "vulkan") return Backend::Vulkan;
   throw nb::value_error(
-      ("backend: must be \"auto\", \"cpu\", \"reference\" or \"cuda\", got \"" + s + "\"").c_str());
+      ("backend: must be \"auto\", \"cpu\", \"reference\", \"cuda\" or \"vulkan\", got \"" + s + "\"").c_str());
 }
 
 std::string dims_string(const std::vector<std::int64_t>& d) {

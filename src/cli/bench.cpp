@@ -141,7 +141,10 @@ BenchRow bench_one(const Job& job, const BenchOptions& opts, int threads) {
   row.bound = testing::tolerance(job.dtype);
   try {
     testing::CaseData data(job.spec, job.dtype, opts.select.seed);
-    Attention fused(data.problem(), AttentionConfig{Backend::Cpu, threads});
+    AttentionConfig config;
+    config.backend = opts.backend == "vulkan" ? Backend::Vulkan : Backend::Cpu;
+    config.threads = threads;
+    Attention fused(data.problem(), config);
     testing::UnfusedBlas unfused(fused.problem(), threads);
     const AttentionArgs args = data.args();
     row.kernel = fused.describe();
@@ -192,6 +195,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& opts) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Verify, then time the fused op against GEMM + softmax + GEMM (OpenBLAS) on each bench case x dtype");
   add_selection_options(*cmd, opts.select, "bench");
+  cmd->add_option("--backend", opts.backend, "The fused op's backend: cpu or vulkan (host buffers, copies timed too)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
   cmd->add_option("--min-time", opts.min_time, "Seconds of timed runs per op and case (after warm-up)")
       ->check(CLI::Validator(
           [](const std::string& s) {

@@ -119,6 +119,7 @@ int run_verify(const VerifyOptions& opts, Context& ctx);
 
 struct BenchOptions {
   SelectionOptions select;
+  std::string backend = "cpu";  // cpu | vulkan (host buffers: its times include the upload and download)
   double min_time = 0.5;  // seconds of timed runs per op and case
   std::string json_path;
   std::string markdown_path;

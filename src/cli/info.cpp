@@ -2,6 +2,7 @@
 #include "cli/commands.hpp"
 
 #include <attnkit/attention.hpp>
+#include <attnkit/vulkan.hpp>
 #include <cpu/tiled_kernel.hpp>
 #include <testing/unfused_blas.hpp>
 
@@ -34,6 +35,13 @@ int run_info(const InfoOptions& opts, Context& ctx) {
   out << "  cpu:         " << cpu_model() << "\n";
   const std::string note = blas_core_note();
   out << "  blas:        " << testing::blas_info() << (note.empty() ? "" : "; " + note) << "\n";
+  // Every Vulkan device the loader finds (none without a loader, a driver or the backend in the build).
+  for (const vulkan::DeviceInfo& d : vulkan::devices()) {
+    out << "  vulkan:      [" << d.index << "] " << d.name << " (" << d.type << ", " << d.driver << ", Vulkan "
+        << (d.api_version >> 22) << "." << ((d.api_version >> 12) & 0x3ff) << ", subgroup " << d.subgroup_size
+        << (d.cooperative_matrix ? ", float16 cooperative matrices" : "") << (d.usable ? "" : ", not usable")
+        << ")\n";
+  }
 
   // The case list is a convenience here: a broken one is reported, not fatal.
   try {

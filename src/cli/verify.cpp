@@ -33,7 +33,7 @@ Backend parse_backend(const std::string& name) {
     if (backend_name(b) == name) return b;
   }
   if (name == "auto") return Backend::Auto;
-  for (Backend b : {Backend::Cpu, Backend::Reference, Backend::Cuda}) {
+  for (Backend b : {Backend::Cpu, Backend::Reference, Backend::Cuda, Backend::Vulkan}) {
     if (backend_name(b) == name)
       throw UsageError("--backend: '" + name + "' is not available here (available: " + join(available, ", ") + ")");
   }
@@ -85,7 +85,7 @@ Outcome verify_one(const Job& job, Backend backend, const SelectionOptions& sel)
 CLI::App* add_verify_command(CLI::App& app, VerifyOptions& opts) {
   CLI::App* cmd = app.add_subcommand("verify", "Check every selected case x dtype against the float64 reference");
   add_selection_options(*cmd, opts.select, "");
-  cmd->add_option("--backend", opts.backend, "Backend to check: cpu, reference, cuda or auto")->capture_default_str();
+  cmd->add_option("--backend", opts.backend, "Backend to check: cpu, reference, cuda, vulkan or auto")->capture_default_str();
   return cmd;
 }
 

@@ -10,7 +10,8 @@ namespace attnkit {
 namespace {
 
 const std::vector<std::string>& kernel_names() {
-  static const std::vector<std::string> names{"simt", "mma", "wgmma", "decode", "decode-mma", "tf32"};
+  // CUDA's registry (cuda_plan.cu), then Vulkan's kernels (vulkan_plan.cpp).
+  static const std::vector<std::string> names{"simt", "mma", "wgmma", "decode", "decode-mma", "tf32", "rows", "coopmat"};
   return names;
 }
 

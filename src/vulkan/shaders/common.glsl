@@ -1,0 +1,150 @@
+// What every attention shader shares: the parameter block (vulkan_params.hpp is its C++ twin, field for field),
+// the buffer bindings, element loads and stores, the visibility rule and the online-softmax helpers. The rules
+// mirror src/core (visibility.hpp, online_softmax.hpp, score_transform.hpp) line for line: a shader cannot
+// include C++, and the tests hold both to the float64 reference.
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_control_flow_attributes : require
+
+// Element type of Q, K, V and O (0 float32, 1 float16, 2 bfloat16) and of the mask.
+layout(constant_id = 0) const int ELEM = 0;
+layout(constant_id = 1) const int MASK_ELEM = 0;
+layout(constant_id = 2) const int D = 64;    // head_dim (Q, K)
+layout(constant_id = 3) const int DV = 64;   // v_head_dim (V, O)
+layout(constant_id = 4) const int TK = 32;   // keys per staged tile
+const int WG = 64;                           // rows (threads) per workgroup
+// Two builds of each scalar shader: UNROLL_LOOPS (for GPUs) unrolls the loops over head dims and a tile's keys
+// once the specialization constants are known, so q and the accumulators stay in registers; the plain build (for
+// CPU devices, lavapipe) keeps loops, since llvmpipe took minutes to compile the unrolled form. llvmpipe also ends
+// a shader's loops after 65535 iterations in all (a guard against hangs, counted over every loop and entry): the
+// plan keeps a workgroup's key range and the merge pass's ranges short enough on CPU devices (vulkan_plan.cpp).
+#ifdef UNROLL_LOOPS
+#define UNROLL [[unroll]]
+#else
+#define UNROLL
+#endif
+
+struct TensorLayout { uint offset, batch, head, row; };
+
+layout(std140, set = 0, binding = 0) uniform Params {
+  uint batch, heads, kv_heads, q_len;
+  uint k_len, group, row_blocks, splits;
+  uint split_keys, causal, window, has_offsets;
+  int causal_offset; uint has_key_lengths; float scale; float softcap;
+  uint has_sink, masked_zero, has_lse, has_mask;
+  uint total_rows, workgroups, pad0, pad1;
+  TensorLayout lq, lk, lv, lo, lm, llse;
+} P;
+
+layout(push_constant) uniform Push { uint first_group; } PC;
+
+layout(std430, set = 0, binding = 1) readonly buffer Q32 { float q32[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Q16 { uint16_t q16[]; };
+layout(std430, set = 0, binding = 2) readonly buffer K32 { float k32[]; };
+layout(std430, set = 0, binding = 2) readonly buffer K16 { uint16_t k16[]; };
+layout(std430, set = 0, binding = 3) readonly buffer V32 { float v32[]; };
+layout(std430, set = 0, binding = 3) readonly buffer V16 { uint16_t v16[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer O32 { float o32[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer O16 { uint16_t o16[]; };
+layout(std430, set = 0, binding = 5) readonly buffer M32 { float m32[]; };
+layout(std430, set = 0, binding = 5) readonly buffer M16 { uint16_t m16[]; };
+layout(std430, set = 0, binding = 6) readonly buffer KeyLengths { int key_lengths[]; };
+layout(std430, set = 0, binding = 7) readonly buffer CausalOffsets { int causal_offsets[]; };
+layout(std430, set = 0, binding = 8) readonly buffer HeadSink { float head_sink[]; };
+layout(std430, set = 0, binding = 9) writeonly buffer Lse { float lse_out[]; };
+// Split-K partials: per (range, row) the max, the sum, a poison flag and the DV accumulators.
+layout(std430, set = 0, binding = 10) buffer Partials { float partials[]; };
+// The loop build's per-thread arrays (q, accumulators, a tile's p) live here, one slot per thread of a launch:
+// llvmpipe lowers a dynamically indexed local array to chains of selects and took a minute to compile a 32-dim
+// kernel; buffer indexing compiles at once. The unrolled build keeps them in registers.
+layout(std430, set = 0, binding = 11) buffer ThreadScratch { float thread_scratch[]; };
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+#define POS_INF uintBitsToFloat(0x7f800000u)
+#define QNAN uintBitsToFloat(0x7fc00000u)
+
+float bf16_to_float(uint bits) { return uintBitsToFloat(bits << 16); }
+float f16_to_float(uint bits) { return unpackHalf2x16(bits).x; }  // exact
+
+// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN (dtype.hpp's rule).
+uint float_to_bf16(float f) {
+  uint x = floatBitsToUint(f);
+  if (isnan(f)) return ((x >> 16) & 0x8000u) | 0x7fc0u;
+  return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+// float -> binary16 bits, round to nearest even; overflow gives inf, NaN a quiet NaN (dtype.hpp's rule).
+uint float_to_f16(float f) {
+  uint x = floatBitsToUint(f);
+  uint sign = (x >> 16) & 0x8000u;
+  uint ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;
+  if (ax < 0x38800000u) {  // a binary16 subnormal: round(|f| * 2^24), exact scaling, ties to even
+    return sign | uint(roundEven(uintBitsToFloat(ax) * 16777216.0));
+  }
+  uint h = (((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu);
+  uint rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) == 1u)) h += 1u;
+  return sign | h;
+}
+
+float widen(uint bits) { return ELEM == 1 ? f16_to_float(bits) : bf16_to_float(bits); }
+float load_q(uint i) { return ELEM == 0 ? q32[i] : widen(uint(q16[i])); }
+float load_k(uint i) { return ELEM == 0 ? k32[i] : widen(uint(k16[i])); }
+float load_v(uint i) { return ELEM == 0 ? v32[i] : widen(uint(v16[i])); }
+float load_mask(uint i) {
+  if (MASK_ELEM == 0) return m32[i];
+  uint bits = uint(m16[i]);
+  return MASK_ELEM == 1 ? f16_to_float(bits) : bf16_to_float(bits);
+}
+void store_o(uint i, float x) {
+  if (ELEM == 0) o32[i] = x;
+  else o16[i] = uint16_t(ELEM == 1 ? float_to_f16(x) : float_to_bf16(x));
+}
+
+uint at(TensorLayout l, uint b, uint h, uint r) { return l.offset + b * l.batch + h * l.head + r * l.row; }
+
+// core::VisibilityRule::for_row: the keys [begin, end) row `row` of batch entry b may see.
+ivec2 visible_keys(uint b, uint row) {
+  int64_t end = P.has_key_lengths != 0u ? int64_t(key_lengths[b]) : int64_t(P.k_len);
+  int64_t begin = 0;
+  if (P.causal != 0u) {
+    int64_t offset = P.has_offsets != 0u ? int64_t(causal_offsets[b]) : int64_t(P.causal_offset);
+    int64_t limit = int64_t(row) + offset;  // |offset| < 2^31 (the host clamps): no overflow in 64 bits
+    if (limit < end - 1) end = limit + 1;
+    if (P.window > 0u) {
+      int64_t first = limit + 1 - int64_t(P.window);
+      if (first > begin) begin = first;
+    }
+  }
+  if (end < begin) end = begin;
+  return ivec2(int(begin), int(end));
+}
+
+// core::ScoreTransform: scale, then softcap.
+float transform(float dot) {
+  float s = dot * P.scale;
+  return P.softcap > 0.0 ? P.softcap * tanh(s / P.softcap) : s;
+}
+
+// core::usable_max and core::rescale_factor.
+float usable_max(float m) { return m == NEG_INF ? 0.0 : m; }
+float rescale_factor(float from, float to) { return from == NEG_INF ? 0.0 : exp(from - usable_max(to)); }
+
+// core::finish_row: x = (acc_scale, lse) of a row state (max, sum, poisoned).
+vec2 finish_row(float m, float sum, bool poisoned, uint h) {
+  if (poisoned) return vec2(QNAN, QNAN);
+  float acc_factor = 1.0;
+  if (P.has_sink != 0u) {
+    float sink = head_sink[h];
+    float mm = m > sink ? m : sink;
+    acc_factor = rescale_factor(m, mm);
+    sum = sum * acc_factor + exp(sink - mm);
+    m = mm;
+  }
+  if (!(sum > 0.0)) return vec2(P.masked_zero != 0u ? 0.0 : QNAN, NEG_INF);
+  return vec2(acc_factor / sum, usable_max(m) + log(sum));
+}
+
+// The output of a finished row (a zero scale writes zeros, whatever the accumulator holds).
+float finished(float acc, float acc_scale) { return acc_scale == 0.0 ? 0.0 : acc * acc_scale; }

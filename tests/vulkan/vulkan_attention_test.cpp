@@ -1,0 +1,265 @@
+// The Vulkan backend against the float64 reference on every case of cases/*.json, with every kernel the device
+// accepts (chosen through AttentionConfig::kernel), plus the properties every backend owes: bit-identical reruns,
+// cut calls equal to whole calls, forced key splits, float32 at 16k keys, bad input rejected by name with nothing
+// written. Every test ends by asserting that the validation layers reported no error (vulkan_main.cpp turns
+// them on). Without a Vulkan device every test skips.
+#include "test_support.hpp"
+
+#include <attnkit/vulkan.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+
+namespace attnkit::test {
+namespace {
+
+using testing::KeyLengths;
+using testing::LayoutKind;
+using testing::MaskKind;
+using testing::tolerance;
+
+bool have_vulkan() {
+  static const bool present = [] {
+    const auto b = available_backends();
+    return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
+  }();
+  return present;
+}
+
+AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
+  AttentionConfig c;
+  c.backend = Backend::Vulkan;
+  c.plan.kernel = kernel;
+  c.plan.splits = splits;
+  return c;
+}
+
+// The kernels the device runs `problem` with: each one the plan accepts when forced.
+std::vector<std::string> accepted_kernels(const AttentionProblem& problem) {
+  std::vector<std::string> out;
+  for (const char* k : {"rows", "coopmat"}) {
+    try {
+      Attention op(problem, vulkan_config(k));
+      out.push_back(k);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "config.plan.kernel") << e.what();
+    }
+  }
+  return out;
+}
+
+// Skips without a device; fails a test whose Vulkan calls drew any validation-layer error.
+class VulkanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  }
+  void TearDown() override {
+    if (!have_vulkan()) return;
+    const auto errors = vulkan::validation_errors();
+    for (const auto& e : errors) ADD_FAILURE() << "validation layer: " << e;
+  }
+};
+
+double lse_bound(DType t) { return t == DType::f32 ? kLseTolerance : tolerance(t); }
+
+void expect_matches(CaseData& data, const cpu::ReferenceResult& ref, const AttentionConfig& config) {
+  const Outcome r = run_and_measure(data, ref, config);
+  std::printf("%-34s %-9s %-8s err %.2e lse %.2e  %s\n", data.spec().name.c_str(),
+              std::string(dtype_name(data.dtype())).c_str(), config.plan.kernel.c_str(), r.err, r.lse_err, r.describe.c_str());
+  EXPECT_LE(r.err, tolerance(data.dtype())) << r.describe;
+  EXPECT_LE(r.lse_err, lse_bound(data.dtype())) << r.describe;
+  EXPECT_EQ(r.unwritten, 0) << r.describe;
+  EXPECT_TRUE(r.gaps_untouched) << r.describe;
+}
+
+// ---- the case list ----
+
+struct CaseParam {
+  CaseSpec spec;
+  DType dtype;
+};
+void PrintTo(const CaseParam& c, std::ostream* os) { *os << c.spec.name << " " << dtype_name(c.dtype); }
+
+std::vector<CaseParam> all_params() {
+  std::vector<CaseParam> out;
+  for (const CaseSpec& s : testing::load_cases())
+    for (DType t : s.dtypes) out.push_back({s, t});
+  return out;
+}
+std::string param_name(const ::testing::TestParamInfo<CaseParam>& info) {
+  std::string n = info.param.spec.name + "_" + std::string(dtype_name(info.param.dtype));
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+class VulkanCases : public VulkanTest, public ::testing::WithParamInterface<CaseParam> {};
+
+// Every kernel the device accepts, in the plan's own split and, on the small edge cases, forced into three key
+// ranges merged by the merge pass.
+TEST_P(VulkanCases, MatchesReference) {
+  const CaseParam& c = GetParam();
+  SCOPED_TRACE(spec_string(c.spec));
+  CaseData data(c.spec, c.dtype, 20261201);
+  const auto ref = data.reference();
+  const AttentionProblem normalized = core::normalize_and_check(data.problem());
+  const auto kernels = accepted_kernels(data.problem());
+  ASSERT_FALSE(kernels.empty());
+  for (const std::string& k : kernels) {
+    expect_matches(data, ref, vulkan_config(k));
+    if (c.spec.has_tag("edge") && normalized.k_len >= 96) expect_matches(data, ref, vulkan_config(k, 3));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Cases, VulkanCases, ::testing::ValuesIn(all_params()), param_name);
+
+// ---- determinism and cuts ----
+
+CaseSpec det_spec(std::int64_t batch, std::int64_t heads, std::int64_t kv, std::int64_t q, std::int64_t k,
+                  std::int64_t d, bool causal) {
+  CaseSpec s;
+  s.name = "det";
+  s.batch = batch, s.heads = heads, s.kv_heads = kv, s.q_len = q, s.k_len = k, s.head_dim = d;
+  s.causal = causal, s.lse = true, s.mask = MaskKind::Random;
+  return s;
+}
+
+std::vector<std::byte> run_bytes(CaseData& data, const AttentionProblem& problem, const AttentionConfig& config,
+                                 std::string* describe = nullptr) {
+  data.poison_outputs();
+  Attention op(problem, config);
+  op.run(data.args());
+  if (describe != nullptr) *describe = op.describe();
+  return data.output_bytes();
+}
+
+// Two runs of one plan, a second plan, and the call cut into one-workgroup launches by the work budget give the
+// same bytes; so does a forced split, cut and whole.
+TEST_F(VulkanTest, DeterministicAndCutEqualsWhole) {
+  for (const CaseSpec& s : {det_spec(2, 8, 2, 1, 3000, 64, true), det_spec(1, 6, 6, 150, 200, 64, false),
+                            det_spec(2, 4, 1, 77, 129, 40, true)}) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(t)));
+      CaseData data(s, t, 7);
+      const auto ref = data.reference();
+      for (const std::string& k : accepted_kernels(data.problem())) {
+        std::string kernel;
+        Attention op(data.problem(), vulkan_config(k));
+        data.poison_outputs();
+        op.run(data.args());
+        const auto first = data.output_bytes();
+        EXPECT_LE(data.scaled_error(ref), tolerance(t)) << op.describe();
+        data.poison_outputs();
+        op.run(data.args());
+        EXPECT_EQ(first, data.output_bytes()) << "two runs differ: " << op.describe();
+        EXPECT_EQ(first, run_bytes(data, data.problem(), vulkan_config(k))) << "a second plan differs";
+        AttentionProblem cut = data.problem();
+        cut.work_budget = 1;
+        EXPECT_EQ(first, run_bytes(data, cut, vulkan_config(k), &kernel)) << "cut differs: " << kernel;
+        EXPECT_NE(kernel.find("launches"), std::string::npos) << kernel;
+        const auto split = run_bytes(data, data.problem(), vulkan_config(k, 4), &kernel);
+        EXPECT_NE(kernel.find("split-k="), std::string::npos) << kernel;
+        EXPECT_EQ(split, run_bytes(data, cut, vulkan_config(k, 4))) << "cut split differs";
+        EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+      }
+    }
+  }
+}
+
+// ---- float32 at 16k keys (blockwise sums) ----
+
+void check_long(const CaseSpec& spec, bool expect_split) {
+  SCOPED_TRACE(spec_string(spec));
+  CaseData data(spec, DType::f32, 16384 + static_cast<std::uint64_t>(spec.input_std * 10));
+  const auto ref = data.reference();
+  const Outcome r = run_and_measure(data, ref, vulkan_config());
+  std::printf("%-16s err %.2e lse %.2e  %s\n", spec.name.c_str(), r.err, r.lse_err, r.describe.c_str());
+  EXPECT_LE(r.err, 1e-5);
+  EXPECT_LE(r.lse_err, kLseTolerance);
+  EXPECT_EQ(r.describe.find("split-k") != std::string::npos, expect_split) << r.describe;
+}
+CaseSpec long_spec(const char* name, std::int64_t batch, std::int64_t heads, std::int64_t q, double std_dev) {
+  CaseSpec s;
+  s.name = name;
+  s.batch = batch, s.heads = heads, s.q_len = q, s.k_len = 16384, s.head_dim = 64, s.input_std = std_dev, s.lse = true;
+  if (batch > 1) s.layout = LayoutKind::BroadcastKv;
+  return s;
+}
+TEST_F(VulkanTest, Float32At16kKeysSplit) {
+  check_long(long_spec("split_std1", 1, 2, 4, 1.0), true);
+  check_long(long_spec("split_std3", 1, 2, 4, 3.0), true);
+}
+// 64 batch entries sharing one K/V: enough workgroups that one walks all 16384 keys (on a GPU; a CPU device
+// keeps ranges short, vulkan_plan.cpp).
+TEST_F(VulkanTest, Float32At16kKeysWhole) {
+  check_long(long_spec("whole_std2", 64, 1, 1, 2.0), vulkan::current_device().type == "cpu");
+}
+
+// ---- bad input: Error naming the argument, nothing written ----
+
+TEST_F(VulkanTest, BadKeyLengthRejectedWithNothingWritten) {
+  CaseSpec s = det_spec(3, 2, 2, 5, 40, 16, false);
+  s.key_lengths = KeyLengths::Random;
+  CaseData data(s, DType::f32, 3);
+  Attention op(data.problem(), vulkan_config());
+  AttentionArgs a = data.args();
+  std::vector<std::int32_t> lengths(3, 10);
+  lengths[1] = 41;  // past k_len
+  a.key_lengths.data = lengths.data();
+  data.poison_outputs();
+  const auto poisoned = data.output_bytes();
+  try {
+    op.run(a);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument().rfind("key_lengths", 0), 0u) << e.what();
+  }
+  EXPECT_EQ(poisoned, data.output_bytes());
+  a = data.args();
+  a.q.data = nullptr;
+  try {
+    op.run(a);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument().rfind("q", 0), 0u) << e.what();
+  }
+  EXPECT_EQ(poisoned, data.output_bytes());
+}
+
+TEST_F(VulkanTest, PlanOverridesAndUnsupportedStorageRejectedByName) {
+  AttentionProblem p = AttentionProblem::head_first(1, 2, 2, 8, 8, 16, DType::f32);
+  auto argument_of = [](const AttentionProblem& problem, const AttentionConfig& config) -> std::string {
+    try {
+      Attention op(problem, config);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return "";
+  };
+  EXPECT_EQ(argument_of(p, vulkan_config("bogus")), "config.plan.kernel");
+  EXPECT_EQ(argument_of(p, vulkan_config("coopmat")), "config.plan.kernel");  // float32: never the matrix kernel
+  EXPECT_EQ(argument_of(p, vulkan_config("", -1)), "config.plan.splits");
+  AttentionProblem q8 = p;
+  q8.k_storage = {KvType::Int8, KvQuant::PerTensor};
+  EXPECT_EQ(argument_of(q8, vulkan_config()), "k_storage.type");
+  EXPECT_EQ(argument_of(p, vulkan_config()), "");
+}
+
+// The plan names its kernel and why; the device list names the device the context runs on.
+TEST_F(VulkanTest, DescribeNamesKernelAndDevice) {
+  const AttentionProblem p = AttentionProblem::head_first(1, 12, 12, 1, 1500, 64, DType::f16);
+  Attention op(p, vulkan_config());
+  const std::string d = op.describe();
+  const vulkan::DeviceInfo dev = vulkan::current_device();
+  EXPECT_NE(d.find(dev.name), std::string::npos) << d;
+  EXPECT_NE(d.find(dev.cooperative_matrix ? "vulkan.coopmat" : "vulkan.rows"), std::string::npos) << d;
+  EXPECT_NE(d.find("split-k"), std::string::npos) << d;  // 12 workgroups of one decode row: split
+  const auto all = vulkan::devices();
+  EXPECT_TRUE(std::any_of(all.begin(), all.end(), [&](const vulkan::DeviceInfo& x) { return x.name == dev.name; }));
+}
+
+}  // namespace
+}  // namespace attnkit::test

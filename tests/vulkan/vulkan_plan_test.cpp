@@ -1,0 +1,81 @@
+// The Vulkan plan's policy with the device described by hand (no device needed): the kernel and why, the key
+// split from the shape and the device, the work budget's launches.
+#include <vulkan/vulkan_plan.hpp>
+
+#include <core/problem_check.hpp>
+
+#include <gtest/gtest.h>
+
+namespace attnkit::vulkan {
+namespace {
+
+VulkanTraits gpu(bool coop) {
+  VulkanTraits t;
+  t.cooperative_matrix = coop;
+  t.shared_memory_bytes = 49152;
+  t.max_groups_x = 65535;
+  t.max_buffer_bytes = std::uint64_t{1} << 32;
+  return t;
+}
+
+AttentionProblem problem(std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k, std::int64_t d, DType t) {
+  return core::normalize_and_check(AttentionProblem::head_first(b, h, h, q, k, d, t));
+}
+
+TEST(VulkanPlan, MatrixKernelForFloat16WhereOffered) {
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true)).kernel, VulkanPlan::Kernel::CoopMatrix);
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false)).kernel, VulkanPlan::Kernel::Rows);
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f32), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::bf16), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 256, DType::f16), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
+  const VulkanPlan rows = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true), {"rows", 0});
+  EXPECT_EQ(rows.kernel, VulkanPlan::Kernel::Rows);
+  EXPECT_NE(describe(rows).find("forced"), std::string::npos);
+  EXPECT_THROW(plan_for(problem(1, 12, 512, 512, 64, DType::f32), gpu(true), {"coopmat", 0}), Error);
+  EXPECT_NE(describe(plan_for(problem(1, 1, 1, 1, 64, DType::f32), gpu(true))).find("float16 only"), std::string::npos);
+}
+
+TEST(VulkanPlan, SplitsFewWorkgroupsOnly) {
+  const VulkanPlan decode = plan_for(problem(1, 12, 1, 1500, 64, DType::f32), gpu(false));
+  EXPECT_GT(decode.splits, 1);
+  EXPECT_EQ(decode.split_keys % 32, 0);
+  EXPECT_GE(decode.split_keys * decode.splits, 1500);
+  EXPECT_LT(decode.split_keys * (decode.splits - 1), 1500);
+  EXPECT_EQ(decode.partial_bytes, static_cast<std::uint64_t>(decode.splits * 12 * (64 + 3) * 4));
+  EXPECT_EQ(plan_for(problem(8, 12, 512, 512, 64, DType::f32), gpu(false)).splits, 1);
+  EXPECT_EQ(plan_for(problem(1, 12, 1, 200, 64, DType::f32), gpu(false)).splits, 1);  // too few keys
+  VulkanTraits cpu = gpu(false);
+  cpu.cpu_device = true;
+  EXPECT_LT(plan_for(problem(1, 4, 1, 4096, 64, DType::f32), cpu).splits,
+            plan_for(problem(1, 4, 1, 4096, 64, DType::f32), gpu(false)).splits);
+  EXPECT_EQ(plan_for(problem(8, 12, 512, 512, 64, DType::f32), gpu(false), {"", 4}).splits, 4);  // 4 ranges of 128 keys
+}
+
+TEST(VulkanPlan, WorkBudgetCutsIntoWholeWorkgroups) {
+  AttentionProblem p = problem(8, 12, 512, 512, 64, DType::f32);  // 768 workgroups: no split
+  EXPECT_EQ(plan_for(p, gpu(false)).per_launch, plan_for(p, gpu(false)).workgroups);
+  p.work_budget = 1;
+  EXPECT_EQ(plan_for(p, gpu(false)).per_launch, 1);
+  p.work_budget = 4 * 64 * 512 * 64 * 10;  // ten workgroups' estimate
+  EXPECT_EQ(plan_for(p, gpu(false)).per_launch, 10);
+}
+
+TEST(VulkanPlan, ShorterTilesForWideHeads) {
+  EXPECT_EQ(plan_for(problem(1, 1, 4, 4, 256, DType::f32), gpu(false)).tile_keys, 8);
+  EXPECT_EQ(plan_for(problem(1, 1, 4, 4, 128, DType::f32), gpu(false)).tile_keys, 16);
+  EXPECT_EQ(plan_for(problem(1, 1, 4, 4, 64, DType::f32), gpu(false)).tile_keys, 32);
+}
+
+// A CPU device (llvmpipe) walks few enough keys per workgroup for its loop guard (60000 iterations in all).
+TEST(VulkanPlan, CpuDeviceRangesStayShort) {
+  VulkanTraits cpu = gpu(false);
+  cpu.cpu_device = true;
+  const VulkanPlan p = plan_for(problem(64, 1, 1, 40000, 64, DType::f32), cpu);
+  EXPECT_LE(p.split_keys * (64 + 64 + 4 + 4), 60000);
+  EXPECT_FALSE(p.unrolled);
+  EXPECT_GT(plan_for(problem(64, 1, 1, 40000, 64, DType::f32), gpu(false)).split_keys, 8 * p.split_keys);
+  EXPECT_TRUE(plan_for(problem(64, 1, 1, 40000, 64, DType::f32), gpu(false)).unrolled);
+}
+
+}  // namespace
+}  // namespace attnkit::vulkan
