@@ -563,7 +563,7 @@ GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const 
     : impl_(std::make_unique<Impl>()) {
   impl_->attributes = attributes;
   impl_->settings = gqa::check_attributes(attributes);
-  if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  core::check_config(config.threads, config.backend, "config");
   if (config.backend == Backend::Cuda) {
     if (!cuda::available()) throw Error("config.backend", "no CUDA device is present (or this build has no CUDA backend)");
   }
