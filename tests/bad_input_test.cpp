@@ -482,9 +482,13 @@ TEST(BadInput, EveryLayoutsIndicesMustFitInt64) {
   const std::pair<Layout AttentionProblem::*, const char*> tensors[] = {
       {&AttentionProblem::q, "q"}, {&AttentionProblem::k, "k"}, {&AttentionProblem::v, "v"},
       {&AttentionProblem::o, "o"}, {&AttentionProblem::mask, "mask"}, {&AttentionProblem::lse, "lse"}};
-  for (const auto& [tensor, tname] : tensors) {
-    for (const auto& [field, fname] : fields) {
-      // (extent - 1) * stride alone overflows: every extent of the base problem is >= 2.
+  for (const auto& tensor_entry : tensors) {  // no structured bindings: clang 14 cannot capture them
+    const auto tensor = tensor_entry.first;
+    const std::string tname = tensor_entry.second;
+    for (const auto& field_entry : fields) {
+      const auto field = field_entry.first;
+      const std::string fname = field_entry.second;
+      // The sum overflows, and the error names the field of its largest term (every extent of the base is >= 2).
       expect_rejected(std::string(tname) + "." + fname + " = INT64_MAX",
                       [&](auto&, AttentionProblem& p, auto&, auto&) { (p.*tensor).*field = kInt64Max; },
                       std::string(tname) + "." + fname, "does not fit int64");
@@ -492,7 +496,7 @@ TEST(BadInput, EveryLayoutsIndicesMustFitInt64) {
     // offset + the last column: the offset alone is fine, the highest index is not.
     expect_rejected(std::string(tname) + ".offset near INT64_MAX",
                     [&](auto&, AttentionProblem& p, auto&, auto&) { (p.*tensor).offset = kInt64Max - 2; },
-                    std::string(tname) + ".batch_stride", "does not fit int64");
+                    std::string(tname) + ".offset", "does not fit int64");
   }
   // Just inside: the highest index is INT64_MAX - 1, which fits; the call is rejected later, by the buffer size.
   expect_rejected("q.offset at the largest representable span", [](auto&, AttentionProblem& p, auto&, auto&) {

@@ -150,10 +150,16 @@ IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, st
                         {"row_stride", rows - 1, l.row_stride},
                         {"offset", cols - 1, 1}};
   std::int64_t highest = l.offset;
+  const char* largest = "offset";  // the field of the largest term so far: what an overflow is blamed on
+  std::int64_t largest_term = l.offset;
   for (const Term& t : terms) {
     const std::optional<std::int64_t> step = checked_mul(t.steps, t.stride);
     const std::optional<std::int64_t> sum = step ? checked_add(highest, *step) : std::nullopt;
-    ATTNKIT_REQUIRE(sum.has_value(), name + "." + t.field,
+    if (!step || *step > largest_term) {
+      largest = t.field;
+      largest_term = step.value_or(kInt64Max);
+    }
+    ATTNKIT_REQUIRE(sum.has_value(), name + "." + largest,
             "the layout's highest index (offset + (batch - 1) * batch_stride + (heads - 1) * head_stride + "
             "(rows - 1) * row_stride + cols - 1) does not fit int64: every index of a problem must be below 2^63");
     highest = *sum;

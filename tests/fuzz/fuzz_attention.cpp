@@ -18,7 +18,7 @@ namespace attnkit::fuzz {
 namespace {
 
 constexpr std::int64_t kMaxElements = std::int64_t{1} << 15;  // per buffer actually allocated
-constexpr long double kMaxRunWork = 1 << 22;                   // b * h * q * k * (d + dv) a step may run
+constexpr long double kMaxRunWork = 1 << 19;                   // b * h * q * k * (d + dv) a step may run
 
 // One tensor's layout: a dense or padded one for its extents (most inputs: they reach the kernels), or any
 // offset and strides.
