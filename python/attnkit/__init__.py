@@ -230,7 +230,7 @@ def attention(
             NumPy array otherwise; CUDA arrays of other frameworks need out=).
         layout: ``"bhsd"`` or ``"bshd"``: the axis order of q, k, v and out.
         head_sink: float32 ``[H]``: a logit per query head that joins every row's softmax denominator only.
-        threads: CPU worker threads (default: all cores); the result does not depend on it.
+        threads: CPU worker threads, at most 1024 (default: all cores); the result does not depend on it.
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
             ``"reference"`` (float64, slow: the oracle of the tests) or ``"cuda"`` (CUDA arrays only).
 
@@ -437,7 +437,7 @@ def group_query_attention(
             ``max(T, P)``).
         output, output_qk: optional destinations (default: new arrays of query's kind on query's device; for
             CUDA arrays of other frameworks than PyTorch and CuPy, pass every output).
-        threads: CPU threads (default: all cores); the result does not depend on it. Ignored on CUDA.
+        threads: CPU threads, at most 1024 (default: all cores); the result does not depend on it. Ignored on CUDA.
 
     Returns:
         ``(output, present_key, present_value)``, plus ``output_qk`` when qk_output != 0. A present cache passed
