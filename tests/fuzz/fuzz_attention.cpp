@@ -48,9 +48,15 @@ Layout draw_layout(FuzzedDataProvider& in, std::int64_t heads, std::int64_t rows
 // Highest index + 1 a layout reaches (saturated at int64's top), computed apart from the library's checks.
 std::int64_t reach(const Layout& l, std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) {
   if (b <= 0 || h <= 0 || r <= 0 || c <= 0) return 0;
-  const __int128 top = static_cast<__int128>(l.offset) + static_cast<__int128>(b - 1) * l.batch_stride +
-                       static_cast<__int128>(h - 1) * l.head_stride + static_cast<__int128>(r - 1) * l.row_stride +
-                       c;
+  // Each product is below 2^126 in magnitude; the sum is saturated term by term so that it cannot pass 2^127.
+  const __int128 terms[] = {static_cast<__int128>(b - 1) * l.batch_stride, static_cast<__int128>(h - 1) * l.head_stride,
+                            static_cast<__int128>(r - 1) * l.row_stride, static_cast<__int128>(c)};
+  constexpr __int128 kFar = static_cast<__int128>(1) << 100;
+  __int128 top = l.offset;
+  for (__int128 t : terms) {
+    top += t;
+    if (top > kFar || top < -kFar) break;
+  }
   return top > kInt64Max || top < 0 ? kInt64Max : static_cast<std::int64_t>(top);
 }
 
