@@ -113,6 +113,10 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
     return;
   }
   const std::int64_t need = kv_scale_count(quant, kv_heads, dim);  // fits: the size rule bounds kv_heads * dim
+  constexpr std::int64_t kMostScales = std::numeric_limits<std::ptrdiff_t>::max() / 4;
+  ATTNKIT_REQUIRE(buffer.elements <= kMostScales, name,
+          "states " + str(buffer.elements) + " elements, more than an address space holds (at most " +
+              str(kMostScales) + " float32 values)");
   ATTNKIT_REQUIRE(buffer.data != nullptr, name, std::string("is null but the tensor is quantized (") +
                                             (quant == KvQuant::PerTensor ? "per tensor" : "per channel") + ")");
   ATTNKIT_REQUIRE(buffer.elements >= need, name,
