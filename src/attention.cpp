@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <array>
+#include <mutex>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -77,6 +78,9 @@ struct Attention::Impl {
   cuda::CudaPlan cuda_plan;
   PlanOverrides overrides;
   std::shared_ptr<vulkan::Session> vulkan_session;
+  // The op's own scratch, for runs that pass none; `own_scratch_lock` is held for the whole of such a run, so
+  // concurrent runs on one object take turns on it (runs with their own scratch share nothing and run at once).
+  std::mutex own_scratch_lock;
   std::vector<std::byte> own_scratch;  // CPU: kept between runs when the caller passes no scratch
   void* own_device_scratch = nullptr;  // CUDA: likewise, in device memory
   std::size_t own_device_bytes = 0;
@@ -133,8 +137,8 @@ void check_plan_overrides(const PlanOverrides& o) {
 }  // namespace
 
 Attention::Attention(const AttentionProblem& problem, const AttentionConfig& config) : impl_(std::make_unique<Impl>()) {
+  core::check_config(config.threads, config.backend, "config");
   impl_->problem = core::normalize_and_check(problem);
-  if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
   check_plan_overrides(config.plan);
   impl_->overrides = config.plan;
   switch (config.backend) {
@@ -193,7 +197,9 @@ void Attention::run(const AttentionArgs& args) {
     core::check_args(p, args, scratch_bytes(), /*host_key_lengths=*/false);
     void* scratch = args.scratch;
     const std::size_t need = impl_->cuda_plan.scratch_bytes;
+    std::unique_lock<std::mutex> own_lock;  // held until the kernels are queued (stream order does the rest)
     if (scratch == nullptr && need > 0) {
+      own_lock = std::unique_lock<std::mutex>(impl_->own_scratch_lock);
       if (impl_->own_device_bytes < need) {
         if (impl_->own_device_scratch != nullptr) cuda::device_free(impl_->own_device_scratch);
         impl_->own_device_scratch = cuda::device_alloc(need);
@@ -216,7 +222,9 @@ void Attention::run(const AttentionArgs& args) {
     return;
   }
   std::byte* scratch = static_cast<std::byte*>(args.scratch);
+  std::unique_lock<std::mutex> own_lock;  // held until run_tiled returns: the scratch is this run's till then
   if (scratch == nullptr && impl_->plan.scratch_bytes > 0) {
+    own_lock = std::unique_lock<std::mutex>(impl_->own_scratch_lock);
     auto& own = impl_->own_scratch;
     if (own.size() < impl_->plan.scratch_bytes + kScratchAlign) own.resize(impl_->plan.scratch_bytes + kScratchAlign);
     const auto address = reinterpret_cast<std::uintptr_t>(own.data());

@@ -11,7 +11,11 @@
 
 #include <cstdlib>
 #include <typeinfo>
+#include <algorithm>
+#include <chrono>
 #include <functional>
+#include <memory>
+#include <thread>
 #include <limits>
 
 namespace attnkit::test {
@@ -448,6 +452,178 @@ TEST(BadInput, Scratch) {
     a.q.data = s + need - 64;
     a.q.elements = static_cast<std::int64_t>((room - (need - 64)) / 4);
   }, "scratch", "must not overlap q");
+}
+
+// ---- the index rule: every index a problem reaches fits int64 (issue 36's reproducers) ----
+
+constexpr std::int64_t k2to62 = std::int64_t{1} << 62;
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
+// The reproducer: O's span, (1)(2^62 + 250) + (1)(2^62) + 5, wraps below its offset. It was taken as empty, and the
+// CPU kernel wrote 1000 bytes past a 1-element O buffer. Now the layout is rejected by name before any work.
+TEST(BadInput, WrappingOutputSpanIsRejected) {
+  std::vector<std::byte> guard(4096, std::byte{0x5a});
+  expect_rejected("o strides wrap int64", [&](Manual&, AttentionProblem& p, AttentionArgs& a, auto&) {
+    p.o = Layout{0, k2to62 + 250, k2to62, 1};
+    a.o = {guard.data(), 1};
+  }, "o.head_stride", "does not fit int64", &guard);
+  expect_rejected("o strides wrap int64, null O", [&](Manual&, AttentionProblem& p, AttentionArgs& a, auto&) {
+    p.o = Layout{0, k2to62 + 250, k2to62, 1};
+    a.o = {nullptr, 1};
+  }, "o.head_stride", "does not fit int64", &guard);
+  EXPECT_TRUE(std::all_of(guard.begin(), guard.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+}
+
+TEST(BadInput, EveryLayoutsIndicesMustFitInt64) {
+  using Field = std::int64_t Layout::*;
+  const std::pair<Field, const char*> fields[] = {{&Layout::batch_stride, "batch_stride"},
+                                                  {&Layout::head_stride, "head_stride"},
+                                                  {&Layout::row_stride, "row_stride"}};
+  const std::pair<Layout AttentionProblem::*, const char*> tensors[] = {
+      {&AttentionProblem::q, "q"}, {&AttentionProblem::k, "k"}, {&AttentionProblem::v, "v"},
+      {&AttentionProblem::o, "o"}, {&AttentionProblem::mask, "mask"}, {&AttentionProblem::lse, "lse"}};
+  for (const auto& tensor_entry : tensors) {  // no structured bindings: clang 14 cannot capture them
+    const auto tensor = tensor_entry.first;
+    const std::string tname = tensor_entry.second;
+    for (const auto& field_entry : fields) {
+      const auto field = field_entry.first;
+      const std::string fname = field_entry.second;
+      // The sum overflows, and the error names the field of its largest term (every extent of the base is >= 2).
+      expect_rejected(std::string(tname) + "." + fname + " = INT64_MAX",
+                      [&](auto&, AttentionProblem& p, auto&, auto&) { (p.*tensor).*field = kInt64Max; },
+                      std::string(tname) + "." + fname, "does not fit int64");
+    }
+    // offset + the last column: the offset alone is fine, the highest index is not.
+    expect_rejected(std::string(tname) + ".offset near INT64_MAX",
+                    [&](auto&, AttentionProblem& p, auto&, auto&) { (p.*tensor).offset = kInt64Max - 2; },
+                    std::string(tname) + ".offset", "does not fit int64");
+  }
+  // Just inside: the highest index is INT64_MAX - 1, which fits; the call is rejected later, by the buffer size.
+  expect_rejected("q.offset at the largest representable span", [](auto&, AttentionProblem& p, auto&, auto&) {
+    p.q = Layout{kInt64Max - (2 * 4 * 5 * 8), 4 * 5 * 8, 5 * 8, 8};
+  }, "q", "the layout reaches element");
+}
+
+// A buffer cannot hold more bytes than an address space: its stated size bounds every byte offset computed from it.
+TEST(BadInput, BufferSizesBeyondAnAddressSpace) {
+  expect_rejected("q.elements INT64_MAX", [](auto&, auto&, AttentionArgs& a, auto&) { a.q.elements = kInt64Max; }, "q",
+                  "more than an address space holds");
+  expect_rejected("o.elements 2^62 float32", [](auto&, auto&, AttentionArgs& a, auto&) { a.o.elements = k2to62; }, "o",
+                  "more than an address space holds");
+  expect_rejected("lse.elements 2^62", [](auto&, auto&, AttentionArgs& a, auto&) { a.lse.elements = k2to62; }, "lse",
+                  "more than an address space holds");
+  expect_accepted("q.elements 2^61 - 1 float32 (fits)", [](auto&, auto&, AttentionArgs& a, auto&) {
+    a.q.elements = (std::int64_t{1} << 61) - 1;
+  });
+}
+
+// The size rule: the logical element counts fit int64 (extents counted as at least 1), even where broadcast strides
+// (0) keep every layout's span small. Huge batch counts with stride 0 used to reach the kernels (a SEGV in LoadU).
+TEST(BadInput, LogicalSizesMustFitInt64) {
+  auto broadcast = [](AttentionProblem& p) {
+    for (Layout* l : {&p.q, &p.k, &p.v, &p.mask}) l->batch_stride = l->head_stride = 0;
+  };
+  expect_rejected("batch 2^62 over broadcast inputs", [&](auto&, AttentionProblem& p, auto&, auto&) {
+    broadcast(p);
+    p.batch = k2to62;
+  }, "heads", "batch * heads * q_len * max(head_dim, v_head_dim)");
+  expect_rejected("heads 2^61", [&](auto&, AttentionProblem& p, auto&, auto&) {
+    broadcast(p);
+    p.heads = std::int64_t{1} << 61;
+    p.kv_heads = 1;
+  }, "heads", "does not fit int64");
+  expect_rejected("batch * kv_heads * k_len * dim", [&](auto&, AttentionProblem& p, auto&, auto&) {
+    broadcast(p);
+    p.batch = std::int64_t{1} << 33;
+    p.q_len = 1;
+    p.k_len = std::int64_t{1} << 30;
+    p.heads = p.kv_heads = 1;
+    p.head_dim = p.v_head_dim = 1;
+    p.has_mask = false;
+  }, "kv_heads", "batch * kv_heads * k_len");
+  expect_rejected("batch * heads * q_len * k_len", [&](auto&, AttentionProblem& p, auto&, auto&) {
+    broadcast(p);
+    p.batch = std::int64_t{1} << 33;
+    p.q_len = p.k_len = std::int64_t{1} << 15;
+    p.heads = p.kv_heads = 1;
+    p.head_dim = p.v_head_dim = 1;
+    p.has_mask = false;
+  }, "k_len", "batch * heads * q_len * k_len");
+}
+
+// ---- the smaller findings of issue 36 ----
+
+TEST(BadInput, ConfigThreadsAndBackendInRange) {
+  expect_rejected("threads 4000", [](auto&, auto&, auto&, AttentionConfig& c) { c.threads = 4000; }, "config.threads",
+                  "must be >= 0 and at most 1024");
+  expect_rejected("threads -1", [](auto&, auto&, auto&, AttentionConfig& c) { c.threads = -1; }, "config.threads",
+                  "must be >= 0 and at most 1024");
+  expect_accepted("threads 1024", [](auto&, auto&, auto&, AttentionConfig& c) { c.threads = 1024; });
+  expect_rejected("backend 9", [](auto&, auto&, auto&, AttentionConfig& c) { c.backend = static_cast<Backend>(9); },
+                  "config.backend", "must be Auto, Cpu, Reference or Cuda");
+}
+
+TEST(BadInput, MaskedRowsInRange) {
+  expect_rejected("masked_rows 7", [](auto&, AttentionProblem& p, auto&, auto&) { p.masked_rows = static_cast<MaskedRows>(7); },
+                  "masked_rows", "must be Nan or Zero");
+}
+
+// An empty problem with a huge batch: nothing to compute, and no backend loops over batch x heads (the reference
+// did, and hung at batch 2^50).
+TEST(BadInput, EmptyProblemWithHugeBatchReturnsAtOnce) {
+  for (Backend backend : {Backend::Reference, Backend::Cpu}) {
+    AttentionProblem p = AttentionProblem::head_first(std::int64_t{1} << 50, 1, 1, 0, 0, 8);
+    const auto start = std::chrono::steady_clock::now();
+    AttentionConfig config;
+    config.backend = backend;
+    ASSERT_NO_THROW(Attention(p, config).run(AttentionArgs{})) << backend_name(backend);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 1.0) << backend_name(backend);
+  }
+}
+
+// Concurrent run() on one object: calls with their own scratch run at once, calls without take turns on the op's
+// scratch; every result is bit-identical to a single-threaded run.
+TEST(ThreadSafety, ConcurrentRunsOnOneAttentionAreBitIdentical) {
+  Manual m(2, 4, 2, 33, 700, 64, 64, DType::f32);  // 700 keys: a split-K plan, whose partials live in scratch
+  m.randomize(3);
+  m.p.causal = true;
+  AttentionConfig config;
+  config.threads = 2;
+  Attention op(m.p, config);
+  const AttentionArgs base_args = m.args();
+  m.poison();
+  op.run(base_args);
+  const std::vector<std::byte> expected = m.o;
+  ASSERT_GT(op.scratch_bytes(), 0u);
+
+  constexpr int kThreads = 8, kRuns = 12;
+  std::vector<std::vector<std::byte>> outs(kThreads, std::vector<std::byte>(m.o.size()));
+  std::vector<int> wrong(kThreads, 0);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kThreads; ++t) {
+    workers.emplace_back([&, t] {
+      const bool own_scratch = t % 2 == 0;  // half the threads pass scratch, half use the op's
+      struct Free {
+        void operator()(std::byte* p) const { std::free(p); }
+      };
+      const std::size_t bytes = (op.scratch_bytes() + 63) / 64 * 64;
+      std::unique_ptr<std::byte, Free> scratch(own_scratch ? static_cast<std::byte*>(std::aligned_alloc(64, bytes))
+                                                           : nullptr);
+      for (int r = 0; r < kRuns; ++r) {
+        std::fill(outs[t].begin(), outs[t].end(), std::byte{0x7f});
+        AttentionArgs a = base_args;
+        a.o = {outs[t].data(), base_args.o.elements};
+        a.lse = {};
+        a.scratch = scratch.get();
+        a.scratch_bytes = own_scratch ? op.scratch_bytes() : 0;
+        op.run(a);
+        if (outs[t] != expected) ++wrong[t];
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(wrong[t], 0) << "thread " << t << " got wrong results";
 }
 
 }  // namespace

@@ -228,9 +228,10 @@ TEST(CaseFiles, EdgesCoverTheContract) {
     return s.batch == 1 && s.heads == 1 && s.q_len == 1 && s.k_len == 1 && s.head_dim == 1;
   });
   any("v_head_dim != head_dim", [](const CaseSpec& s) { return s.v_head_dim != 0 && s.v_head_dim != s.head_dim; });
-  for (auto [h, kv] : {std::pair{8, 2}, {6, 3}, {16, 1}, {32, 8}})
-    any(("grouped heads " + std::to_string(h) + "/" + std::to_string(kv)).c_str(),
-        [&](const CaseSpec& s) { return s.heads == h && s.kv_heads == kv; });
+  // A pair, not a structured binding: clang 14 cannot capture a binding in a lambda (C++20 allows it).
+  for (const std::pair<int, int> heads : {std::pair{8, 2}, {6, 3}, {16, 1}, {32, 8}})
+    any(("grouped heads " + std::to_string(heads.first) + "/" + std::to_string(heads.second)).c_str(),
+        [&](const CaseSpec& s) { return s.heads == heads.first && s.kv_heads == heads.second; });
   for (LayoutKind l : {LayoutKind::HeadFirst, LayoutKind::PositionsFirst, LayoutKind::PackedQkv, LayoutKind::Padded,
                        LayoutKind::BroadcastKv})
     any(("layout " + testing::layout_name(l)).c_str(), [&](const CaseSpec& s) { return s.layout == l; });

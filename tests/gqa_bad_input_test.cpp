@@ -312,5 +312,33 @@ TEST(GqaBadInput, OutputsAndOverlaps) {
   });
 }
 
+// The index rule (issue 36): shapes whose element counts or byte sizes do not fit int64 / an address space, and
+// attributes whose packed head count overflows, are rejected by name before anything is read or written.
+TEST(GqaBadInput, SizesMustFitInt64) {
+  constexpr std::int64_t k2to32 = std::int64_t{1} << 32;
+  run_rules(base(), {
+      {"query elements wrap int64 (null data)", MUT {
+         in.query.shape = {k2to32, k2to32, 64};  // 2^70 elements: the product wrapped to 0 and null data passed
+         in.query.data = nullptr;
+       }, "query", "more elements than fit int64"},
+      {"query bytes beyond an address space", MUT { in.query.shape = {std::int64_t{1} << 56, 1, 64}; },
+       "query", "more bytes than an address space"},
+      {"present_key rows 2^60", MUT { out.present_key.shape[2] = std::int64_t{1} << 60; },
+       "present_key", "more elements than fit int64"},
+      {"k_scale elements wrap", MUT { in.k_scale.shape = {k2to32, k2to32}; }, "k_scale", "more elements than fit int64"},
+      {"output_qk elements wrap", MUT { out.output_qk.shape = {k2to32, k2to32, 1, 1 << 20}; },
+       "output_qk", "more elements than fit int64"},
+      {"num_heads + 2 * kv_num_heads overflows", MUT {
+         a.num_heads = std::int64_t{1} << 62;
+         a.kv_num_heads = std::int64_t{1} << 62;
+       }, "num_heads", "does not fit int64"},
+      {"element type out of range", MUT { in.query.type = static_cast<ElementType>(99); },
+       "query", "outside ElementType"},
+      {"threads 4000", MUT { cfg.threads = 4000; }, "config.threads", "at most 1024"},
+      {"backend out of range", MUT { cfg.backend = static_cast<Backend>(9); }, "config.backend",
+       "must be Auto, Cpu, Reference or Cuda"},
+  });
+}
+
 }  // namespace
 }  // namespace attnkit::test

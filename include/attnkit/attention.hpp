@@ -165,7 +165,7 @@ std::vector<std::pair<std::string, std::string>> plan_features();
 
 struct AttentionConfig {
   Backend backend = Backend::Auto;
-  int threads = 0;  // CPU: worker threads (0: all cores). The results do not depend on it.
+  int threads = 0;  // CPU: worker threads, 0..1024 (0: all cores). The results do not depend on it.
   PlanOverrides plan;  // for tests and benchmarks only (see PlanOverrides)
 };
 
@@ -185,6 +185,11 @@ class Attention {
   // Bytes of scratch run() needs when the caller passes it (0 when none is needed).
   std::size_t scratch_bytes() const;
   // Checks the buffers (null pointers, extents, overlap, key lengths), then computes O (and the LSE).
+  // Thread safety: run() may be called on one object from many threads at once. Calls that pass their own
+  // scratch (args.scratch, at least scratch_bytes(), one per call) run concurrently; calls that pass none share
+  // the op's own scratch and take turns on it (a lock held for the run; on CUDA until the kernels are queued, so
+  // such calls must be on one stream, or pass their own scratch). Moving or destroying the object while a run
+  // is in flight is not allowed.
   void run(const AttentionArgs& args);
 
  private:

@@ -111,7 +111,7 @@ struct GqaAttributes {
 //   waiting. output_qk is not produced on CUDA (an Error says so).
 struct GqaConfig {
   Backend backend = Backend::Cpu;
-  int threads = 0;               // Cpu: 0 = all cores. The results do not depend on it.
+  int threads = 0;               // Cpu: 0..1024, 0 = all cores. The results do not depend on it.
   void* stream = nullptr;        // Cuda: the cudaStream_t to run on (null: the default stream)
   PlanOverrides plan;            // for tests and benchmarks only: the attention core's plan (attention.hpp)
 };
@@ -139,8 +139,10 @@ class GroupQueryAttention {
 
   const GqaAttributes& attributes() const;
   // Checks every input and output against the contract, then computes. Nothing is written when a check fails.
-  // Scratch (the rotated Q, the core's workspace) is kept between calls, so one object runs one call at a time
-  // (use one object per thread).
+  // Thread safety: one object runs one call at a time. Its scratch (the rotated Q, the core's workspace) and
+  // describe()'s text are kept between calls, so concurrent run() calls on one object are not allowed: use one
+  // object per thread, or a lock around run() (as the Python binding does, per cached op). Distinct objects share
+  // nothing and run concurrently.
   void run(const GqaInputs& inputs, const GqaOutputs& outputs);
   // What the last run did: the step (first prompt, decode, chunk), the cache mode, and the core's kernel.
   std::string describe() const;

@@ -13,6 +13,8 @@ struct Layout {
   std::int64_t head_stride = 0;
   std::int64_t row_stride = 0;
 
+  // Plain int64 arithmetic: in range for every (b, h, row) of a problem Attention accepted (its checks bound each
+  // layout's highest index below 2^63; docs/safety.md). The helpers below multiply their extents unchecked.
   constexpr std::int64_t index(std::int64_t b, std::int64_t h, std::int64_t row) const {
     return offset + b * batch_stride + h * head_stride + row * row_stride;
   }

@@ -132,15 +132,29 @@ def _allocator(q: Any):
     return alloc
 
 
-def _optional_int(name: str, value: Any) -> Optional[int]:
+_INT64 = (-(2**63), 2**63 - 1)
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _in_range(name: str, n: int, bounds: Tuple[int, int]) -> int:
+    """n, or ValueError naming the argument when the C++ side cannot hold it (int64, or int32 for ``threads``)."""
+    lo, hi = bounds
+    if not lo <= n <= hi:
+        bits = 64 if bounds == _INT64 else 32
+        raise ValueError(f"{name}: = {n} does not fit in int{bits} (must be in [{lo}, {hi}])")
+    return n
+
+
+def _optional_int(name: str, value: Any, bounds: Tuple[int, int] = _INT64) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool):
         raise TypeError(f"{name}: must be an integer or None, got bool")
     try:
-        return operator.index(value)
+        n = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: must be an integer or None, got {type(value).__name__}") from None
+    return _in_range(name, n, bounds)
 
 
 def _causal_offset(value: Any) -> Tuple[Optional[int], Any]:
@@ -148,9 +162,11 @@ def _causal_offset(value: Any) -> Tuple[Optional[int], Any]:
     if value is None or isinstance(value, bool):
         return _optional_int("causal_offset", value), None
     try:
-        return operator.index(value), None
+        n = operator.index(value)
     except TypeError:
         pass
+    else:
+        return _in_range("causal_offset", n, _INT64), None
     if isinstance(value, (float, str, bytes)):
         raise TypeError(f"causal_offset: must be an integer, an int32 array [B] or None, got {type(value).__name__}")
     return None, value  # an array: checked (int32, [B], device, strides) by the binding
@@ -253,7 +269,7 @@ def attention(
             NumPy array otherwise; CUDA arrays of other frameworks need out=).
         layout: ``"bhsd"`` or ``"bshd"``: the axis order of q, k, v and out.
         head_sink: float32 ``[H]``: a logit per query head that joins every row's softmax denominator only.
-        threads: CPU worker threads (default: all cores); the result does not depend on it.
+        threads: CPU worker threads, at most 1024 (default: all cores); the result does not depend on it.
         plan: plan overrides for tests and benchmarks that compare kernels on one problem, e.g.
             ``"kernel=mma,splits=4,off=plain+call-pdl"`` (the C++ ``PlanOverrides`` text form); ``""`` (default):
             the plan's own choices. A bad name raises ValueError. With torch tensors a non-empty ``plan`` calls
@@ -303,7 +319,7 @@ def attention(
         bool(return_lse),
         out,
         _choice("layout", layout, ("bhsd", "bshd")),
-        _optional_int("threads", threads),
+        _optional_int("threads", threads, _INT32),
         _choice("backend", backend, ("auto", "cpu", "reference", "cuda", "vulkan")),
         _current_stream(q),
         _allocator(q),
@@ -318,9 +334,10 @@ def _int_attribute(name: str, value: Any) -> int:
     if isinstance(value, bool):
         return int(value)
     try:
-        return operator.index(value)
+        n = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: must be an integer, got {type(value).__name__}") from None
+    return _in_range(name, n, _INT64)
 
 
 def _float_attribute(name: str, value: Any) -> float:
@@ -483,7 +500,7 @@ def group_query_attention(
             ``max(T, P)``).
         output, output_qk: optional destinations (default: new arrays of query's kind on query's device; for
             CUDA arrays of other frameworks than PyTorch and CuPy, pass every output).
-        threads: CPU threads (default: all cores); the result does not depend on it. Ignored on CUDA.
+        threads: CPU threads, at most 1024 (default: all cores); the result does not depend on it. Ignored on CUDA.
 
     Returns:
         ``(output, present_key, present_value)``, plus ``output_qk`` when qk_output != 0. A present cache passed
@@ -540,7 +557,7 @@ def group_query_attention(
         present_key,
         present_value,
         output_qk,
-        _optional_int("threads", threads),
+        _optional_int("threads", threads, _INT32),
         _current_stream(query),
         _gqa_allocator(query),
     )

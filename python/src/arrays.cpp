@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -123,7 +124,9 @@ void fill_from(ArrayArg& a, const Array& arr) {
     std::int64_t step = 1;
     for (std::size_t i = arr.ndim(); i-- > 0;) {
       a.strides[i] = step;
-      step *= std::max<std::int64_t>(a.shape[i], 1);
+      // Saturating: the other dimensions of an empty array may be of any size, and nothing steps over them.
+      if (__builtin_mul_overflow(step, std::max<std::int64_t>(a.shape[i], 1), &step))
+        step = std::numeric_limits<std::int64_t>::max();
     }
   }
 }
@@ -144,10 +147,21 @@ void fill_from(ArrayArg& a, const Array& arr) {
 }  // namespace
 
 std::int64_t ArrayArg::extent() const {
+  for (std::int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  // Checked: strides from as_strided (or any producer) may reach past 2^63 elements; such an array is refused,
+  // never given a wrapped extent that the library would take for a small buffer.
   std::int64_t highest = 0;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) return 0;
-    highest += (shape[i] - 1) * strides[i];
+    std::int64_t step = 0;
+    if (strides[i] < 0) continue;  // refused by the callers' stride rules; it reaches no higher element
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &step) ||
+        __builtin_add_overflow(highest, step, &highest) || highest == std::numeric_limits<std::int64_t>::max()) {
+      throw nb::value_error((name + ": shape " + shape_string() +
+                             " and its strides reach past element 2^63 - 1 (every index must fit int64)")
+                                .c_str());
+    }
   }
   return highest + 1;
 }

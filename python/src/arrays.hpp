@@ -37,7 +37,8 @@ struct ArrayArg {
   std::vector<std::int64_t> strides;   // in elements; 0 for every dimension of size 1
 
   std::int64_t ndim() const { return static_cast<std::int64_t>(shape.size()); }
-  // Elements the array reaches from `data` on: highest index + 1 (0 when empty). Strides are never negative.
+  // Elements the array reaches from `data` on: highest index + 1 (0 when empty), in checked arithmetic: throws
+  // ValueError naming the array when it reaches past element 2^63 - 1. Negative strides count as 0 (refused later).
   std::int64_t extent() const;
   std::string shape_string() const;
 };

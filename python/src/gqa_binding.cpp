@@ -98,7 +98,8 @@ ElementType check_array(const ArrayArg& a) {
                              "numpy.ascontiguousarray(...)")
                                 .c_str());
     }
-    step *= a.shape[i];
+    if (__builtin_mul_overflow(step, a.shape[i], &step))  // a dense array this large cannot exist
+      throw nb::value_error((a.name + ": shape " + a.shape_string() + " holds more than 2^63 elements").c_str());
   }
   if (a.element_bytes > 0 && reinterpret_cast<std::uintptr_t>(a.data) % a.element_bytes != 0) {
     throw nb::value_error(
@@ -124,17 +125,21 @@ nb::tuple shape_tuple(const std::vector<std::int64_t>& d) {
 // Ops by attributes and configuration, kept between calls: an op keeps its scratch (the rotated Q, the attention
 // core's tiles; device memory on CUDA), so a decode loop does not allocate on every step. The key holds the
 // backend, the CUDA device (the scratch lives there) and the stream (an op is built for one stream, and two
-// streams must not share scratch: a call returns while its kernels are still queued). Each op has its own lock,
-// taken with the GIL released, so two Python threads never share scratch.
+// streams must not share scratch: a call returns while its kernels are still queued).
+//
+// A call holds its op by shared ownership from the lookup to the end of its run: eviction (the table is bounded)
+// only drops the table's reference, so neither another thread nor an input whose __dlpack__ calls the op again
+// (with other attributes) can free an op a call is using. Each op has its own lock, taken with the GIL released
+// around run(), so two Python threads never share its scratch.
 struct CachedOp {
   explicit CachedOp(const GqaAttributes& a, const GqaConfig& c) : op(a, c) {}
   GroupQueryAttention op;
   std::mutex lock;
 };
 
-CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c, int device) {
+std::shared_ptr<CachedOp> cached_op(const GqaAttributes& a, const GqaConfig& c, int device) {
   static std::mutex table_lock;
-  static std::map<std::string, std::unique_ptr<CachedOp>> table;
+  static auto* table = new std::map<std::string, std::shared_ptr<CachedOp>>();  // never destroyed: no exit-order race
   constexpr std::size_t kMaxOps = 32;
   // Every attribute (floats by their bits: two scales that print alike must not share an op) and the config.
   auto num = [](auto v) {
@@ -154,22 +159,18 @@ CachedOp& cached_op(const GqaAttributes& a, const GqaConfig& c, int device) {
                           num(c.threads) + num(static_cast<int>(c.backend)) + num(device) +
                           num(reinterpret_cast<std::uintptr_t>(c.stream));
   std::lock_guard<std::mutex> guard(table_lock);
-  auto it = table.find(key);
-  if (it != table.end()) return *it->second;
-  auto op = std::make_unique<CachedOp>(a, c);  // checks the attributes: throws before anything is cached
-  if (table.size() >= kMaxOps) {
-    // Drop ops nobody is running (a held lock means a call in flight); simple and bounded. A CUDA op may still
-    // have kernels queued: its destructor owns releasing its device scratch safely.
-    for (auto i = table.begin(); i != table.end();) {
-      if (i->second->lock.try_lock()) {
-        i->second->lock.unlock();
-        i = table.erase(i);
-      } else {
-        ++i;
-      }
+  auto it = table->find(key);
+  if (it != table->end()) return it->second;
+  auto op = std::make_shared<CachedOp>(a, c);  // checks the attributes: throws before anything is cached
+  if (table->size() >= kMaxOps) {
+    // Drop the ops no call holds now (simple and bounded); one still held is freed by its last call. A CUDA op
+    // may still have kernels queued: its destructor owns releasing its device scratch safely.
+    for (auto i = table->begin(); i != table->end();) {
+      i = i->second.use_count() == 1 ? table->erase(i) : std::next(i);
     }
   }
-  return *table.emplace(key, std::move(op)).first->second;
+  table->emplace(key, op);
+  return op;
 }
 
 // gqa_output_specs reads total_sequence_length's value on the host (the present caches' rows). A device copy is
@@ -230,7 +231,7 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
   // Query's device is current while the op is built, plans and runs; the caller's device is put back after.
   const CudaDeviceGuard device_guard(place.device);
   // The attribute rules (and the config's) first: they need no other array.
-  CachedOp& cached = cached_op(attrs, config, place.device);
+  const std::shared_ptr<CachedOp> cached = cached_op(attrs, config, place.device);  // held until the run ends
 
   GqaInputs inputs;
   for (int i = 0; i < GqaInputs::kCount; ++i) {
@@ -291,8 +292,8 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
 
   {
     nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> guard(cached.lock);
-    cached.op.run(inputs, outputs);  // checks every input and output before it writes (CUDA: then queues)
+    std::lock_guard<std::mutex> guard(cached->lock);
+    cached->op.run(inputs, outputs);  // checks every input and output before it writes (CUDA: then queues)
   }
   if (qk_output != 0) return nb::make_tuple(results[0], results[1], results[2], results[3]);
   return nb::make_tuple(results[0], results[1], results[2]);

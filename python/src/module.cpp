@@ -182,6 +182,15 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   const std::int64_t batch = q.shape[axes.batch], heads = q.shape[axes.heads], q_len = q.shape[axes.seq],
                      head_dim = q.shape[axes.dim];
   const std::int64_t kv_heads = k.shape[axes.heads], k_len = k.shape[axes.seq], v_head_dim = v.shape[axes.dim];
+  // In an AttentionProblem a kv_heads or v_head_dim of 0 means "same as heads / head_dim": an array's empty
+  // dimension must not turn into that default (and into a message about another argument).
+  if (kv_heads == 0 || v_head_dim == 0) {
+    const ArrayArg& a = kv_heads == 0 ? k : v;
+    const int axis = kv_heads == 0 ? axes.heads : axes.dim;
+    throw nb::value_error((a.name + ": " + (kv_heads == 0 ? "heads" : "head_dim") + " (dimension " +
+                           std::to_string(axis) + ") is 0; it must be >= 1 (shape " + a.shape_string() + ")")
+                              .c_str());
+  }
   require_dim(k, axes.batch, batch, "batch", "q");
   require_dim(k, axes.dim, head_dim, "head_dim", "q");
   require_dim(v, axes.batch, batch, "batch", "q");

@@ -1,4 +1,5 @@
 #include "problem_check.hpp"
+#include "checked_int.hpp"
 #include "require.hpp"
 
 #include "kv_quant.hpp"
@@ -41,18 +42,26 @@ void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t hea
     ATTNKIT_REQUIRE(d.stride >= covered, name + "." + d.field,
             "an output's elements must not share addresses: stride " + str(d.stride) + " is below the " +
                 str(covered) + " elements the inner dimensions span");
-    covered = d.stride * (d.extent - 1) + covered;
+    // Cannot overflow once the spans are checked (it is at most o's highest index - offset + 1); checked anyway.
+    const std::optional<std::int64_t> reach = checked_mul(d.stride, d.extent - 1);
+    const std::optional<std::int64_t> next = reach ? checked_add(*reach, covered) : std::nullopt;
+    ATTNKIT_REQUIRE(next.has_value(), name + "." + d.field, "the layout's indices do not fit int64");
+    covered = *next;
   }
 }
 
-// Byte range [first, last) of a span of `bits`-bit elements (4-bit elements: a partly used byte counts).
+// Byte range [first, last) of a span of `bits`-bit elements (4-bit elements: a partly used byte counts), in
+// 128-bit arithmetic: a span of an input nothing reads (K of a problem with no queries) is not bounded by its
+// buffer, and an address plus its bytes may pass 2^64 without wrapping to a low address here.
 struct ByteRange {
-  std::uintptr_t first, last;
+  unsigned __int128 first, last;
 };
 ByteRange byte_range(const void* base, IndexSpan s, std::int64_t bits) {
-  const auto at = reinterpret_cast<std::uintptr_t>(base);
-  return {at + static_cast<std::uintptr_t>(s.lowest * bits / 8),
-          at + static_cast<std::uintptr_t>(((s.highest + 1) * bits + 7) / 8)};
+  const auto at = static_cast<unsigned __int128>(reinterpret_cast<std::uintptr_t>(base));
+  const auto lowest = static_cast<unsigned __int128>(s.lowest);
+  const auto end = static_cast<unsigned __int128>(s.highest) + 1;
+  const auto b = static_cast<unsigned __int128>(bits);
+  return {at + lowest * b / 8, at + (end * b + 7) / 8};
 }
 
 bool bytes_overlap(const void* a, IndexSpan sa, std::int64_t abits, const void* b, IndexSpan sb, std::int64_t bbits) {
@@ -103,7 +112,11 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
     ATTNKIT_REQUIRE(buffer.data == nullptr, name, "a scale buffer was given but the tensor is not quantized");
     return;
   }
-  const std::int64_t need = kv_scale_count(quant, kv_heads, dim);
+  const std::int64_t need = kv_scale_count(quant, kv_heads, dim);  // fits: the size rule bounds kv_heads * dim
+  constexpr std::int64_t kMostScales = std::numeric_limits<std::ptrdiff_t>::max() / 4;
+  ATTNKIT_REQUIRE(buffer.elements <= kMostScales, name,
+          "states " + str(buffer.elements) + " elements, more than an address space holds (at most " +
+              str(kMostScales) + " float32 values)");
   ATTNKIT_REQUIRE(buffer.data != nullptr, name, std::string("is null but the tensor is quantized (") +
                                             (quant == KvQuant::PerTensor ? "per tensor" : "per channel") + ")");
   ATTNKIT_REQUIRE(buffer.elements >= need, name,
@@ -112,7 +125,14 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
                                            : "per-channel quantization needs kv_heads * dim = " + str(need)));
 }
 
-void check_buffer(const char* name, const void* data, std::int64_t elements, IndexSpan span) {
+// A buffer of `elements` elements of `bits` bits each: no more bytes than an address space holds (so that every
+// byte offset into it, index * element size, fits a signed pointer difference), and every index the layout
+// reaches below `elements`.
+void check_buffer(const char* name, const void* data, std::int64_t elements, std::int64_t bits, IndexSpan span) {
+  const std::int64_t most = bits >= 8 ? std::numeric_limits<std::ptrdiff_t>::max() / (bits / 8) : kInt64Max;
+  ATTNKIT_REQUIRE(elements <= most, name,
+          "states " + str(elements) + " elements, more than an address space holds (at most " + str(most) +
+              " elements of " + str(bits) + " bits)");
   if (span.empty()) return;
   ATTNKIT_REQUIRE(data != nullptr, name, "is null but the tensor is not empty");
   ATTNKIT_REQUIRE(span.highest < elements, name,
@@ -122,11 +142,64 @@ void check_buffer(const char* name, const void* data, std::int64_t elements, Ind
 
 }  // namespace
 
-IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows,
-                     std::int64_t cols) {
+IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t cols,
+                     const std::string& name) {
   if (batch <= 0 || heads <= 0 || rows <= 0 || cols <= 0) return {};
-  return {l.offset, l.offset + (batch - 1) * l.batch_stride + (heads - 1) * l.head_stride +
-                        (rows - 1) * l.row_stride + cols - 1};
+  struct Term {
+    const char* field;
+    std::int64_t steps, stride;
+  };
+  const Term terms[] = {{"batch_stride", batch - 1, l.batch_stride},
+                        {"head_stride", heads - 1, l.head_stride},
+                        {"row_stride", rows - 1, l.row_stride},
+                        {"offset", cols - 1, 1}};
+  std::int64_t highest = l.offset;
+  const char* largest = "offset";  // the field of the largest term so far: what an overflow is blamed on
+  std::int64_t largest_term = l.offset;
+  for (const Term& t : terms) {
+    const std::optional<std::int64_t> step = checked_mul(t.steps, t.stride);
+    const std::optional<std::int64_t> sum = step ? checked_add(highest, *step) : std::nullopt;
+    if (!step || *step > largest_term) {
+      largest = t.field;
+      largest_term = step.value_or(kInt64Max);
+    }
+    ATTNKIT_REQUIRE(sum.has_value(), name + "." + largest,
+            "the layout's highest index (offset + (batch - 1) * batch_stride + (heads - 1) * head_stride + "
+            "(rows - 1) * row_stride + cols - 1) does not fit int64: every index of a problem must be below 2^63");
+    highest = *sum;
+  }
+  return {l.offset, highest};
+}
+
+namespace {
+
+// The size rule: the logical element counts (Q and O: batch * heads * q_len * dim; K and V: batch * kv_heads *
+// k_len * dim; the scores and the mask: batch * heads * q_len * k_len) fit int64, each extent counted as at
+// least 1. Then every product of some of these extents fits too, whatever a kernel or a plan multiplies.
+void check_sizes(const AttentionProblem& p) {
+  const std::int64_t dim = std::max(p.head_dim, p.v_head_dim);
+  const std::string rule = " does not fit int64 (each extent counted as at least 1): every index of a problem "
+                           "must be below 2^63";
+  ATTNKIT_REQUIRE(checked_extent_product({p.batch, p.heads, p.q_len, dim}).has_value(), "heads",
+          "batch * heads * q_len * max(head_dim, v_head_dim) = " + str(p.batch) + " * " + str(p.heads) + " * " +
+              str(p.q_len) + " * " + str(dim) + rule);
+  ATTNKIT_REQUIRE(checked_extent_product({p.batch, p.kv_heads, p.k_len, dim}).has_value(), "kv_heads",
+          "batch * kv_heads * k_len * max(head_dim, v_head_dim) = " + str(p.batch) + " * " + str(p.kv_heads) +
+              " * " + str(p.k_len) + " * " + str(dim) + rule);
+  ATTNKIT_REQUIRE(checked_extent_product({p.batch, p.heads, p.q_len, p.k_len}).has_value(), "k_len",
+          "batch * heads * q_len * k_len = " + str(p.batch) + " * " + str(p.heads) + " * " + str(p.q_len) + " * " +
+              str(p.k_len) + rule);
+}
+
+}  // namespace
+
+void check_config(int threads, Backend backend, const std::string& prefix) {
+  ATTNKIT_REQUIRE(threads >= 0 && threads <= kMaxThreads, prefix + ".threads",
+          "must be >= 0 and at most " + str(kMaxThreads) + " (0: all cores), got " + str(threads));
+  ATTNKIT_REQUIRE(backend == Backend::Auto || backend == Backend::Cpu || backend == Backend::Reference ||
+                      backend == Backend::Cuda || backend == Backend::Vulkan,
+          prefix + ".backend",
+          "must be Auto, Cpu, Reference, Cuda or Vulkan, got the value " + str(static_cast<int>(backend)));
 }
 
 AttentionProblem normalize_and_check(const AttentionProblem& in) {
@@ -163,8 +236,11 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
   ATTNKIT_REQUIRE(p.work_budget >= 0, "work_budget", "must be >= 0 (0: never cut)");
   ATTNKIT_REQUIRE(p.mask_dtype == DType::f32 || p.mask_dtype == DType::f16 || p.mask_dtype == DType::bf16, "mask_dtype",
           "must be float32, float16 or bfloat16");
+  ATTNKIT_REQUIRE(p.masked_rows == MaskedRows::Nan || p.masked_rows == MaskedRows::Zero, "masked_rows",
+          "must be Nan or Zero, got the value " + str(static_cast<int>(p.masked_rows)));
   check_storage(p.k_storage, p.k, "k");
   check_storage(p.v_storage, p.v, "v");
+  check_sizes(p);
 
   check_layout_signs(p.q, "q");
   check_layout_signs(p.k, "k");
@@ -172,8 +248,16 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
   check_layout_signs(p.o, "o");
   if (p.q_len > 1) ATTNKIT_REQUIRE(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
   if (p.has_mask) check_layout_signs(p.mask, "mask");
+  if (p.return_lse) check_layout_signs(p.lse, "lse");
+  // The index rule, before any work: every index a layout reaches fits int64 (check_args computes the same
+  // spans again against the buffers; here they are computed for their overflow checks only).
+  index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim, "q");
+  index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim, "k");
+  index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim, "v");
+  index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  if (p.has_mask) index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len, "mask");
   if (p.return_lse) {
-    check_layout_signs(p.lse, "lse");
+    index_span(p.lse, p.batch, p.heads, p.q_len, 1, "lse");
     check_no_self_overlap(p.lse, p.batch, p.heads, p.q_len, 1, "lse");
   }
   check_no_self_overlap(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
@@ -186,12 +270,12 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const std::int64_t k_bits = kv_value_bits(p.k_storage.type, p.dtype);
   const std::int64_t v_bits = kv_value_bits(p.v_storage.type, p.dtype);
   const std::int64_t mask_bits = static_cast<std::int64_t>(dtype_size(p.mask_dtype)) * 8;
-  const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim);
-  const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim);
-  const IndexSpan v = index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim);
-  const IndexSpan o = index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim);
-  const IndexSpan mask = p.has_mask ? index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len) : IndexSpan{};
-  const IndexSpan lse = p.return_lse ? index_span(p.lse, p.batch, p.heads, p.q_len, 1) : IndexSpan{};
+  const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim, "q");
+  const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim, "k");
+  const IndexSpan v = index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim, "v");
+  const IndexSpan o = index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  const IndexSpan mask = p.has_mask ? index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len, "mask") : IndexSpan{};
+  const IndexSpan lse = p.return_lse ? index_span(p.lse, p.batch, p.heads, p.q_len, 1, "lse") : IndexSpan{};
   const IndexSpan lengths = p.has_key_lengths && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
   const IndexSpan sink = p.has_head_sink ? IndexSpan{0, p.heads - 1} : IndexSpan{};
   const IndexSpan offsets = p.has_causal_offsets && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
@@ -200,26 +284,26 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const IndexSpan k_scale = k_scales > 0 ? IndexSpan{0, k_scales - 1} : IndexSpan{};
   const IndexSpan v_scale = v_scales > 0 ? IndexSpan{0, v_scales - 1} : IndexSpan{};
 
-  check_buffer("q", a.q.data, a.q.elements, q);
+  check_buffer("q", a.q.data, a.q.elements, bits, q);
   // K and V are read only for rows that have queries.
-  check_buffer("k", a.k.data, a.k.elements, p.q_len > 0 ? k : IndexSpan{});
-  check_buffer("v", a.v.data, a.v.elements, p.q_len > 0 ? v : IndexSpan{});
-  check_buffer("o", a.o.data, a.o.elements, o);
+  check_buffer("k", a.k.data, a.k.elements, k_bits, p.q_len > 0 ? k : IndexSpan{});
+  check_buffer("v", a.v.data, a.v.elements, v_bits, p.q_len > 0 ? v : IndexSpan{});
+  check_buffer("o", a.o.data, a.o.elements, bits, o);
   check_scales("k_scale", a.k_scale, p.k_storage.quant, p.kv_heads, p.head_dim);
   check_scales("v_scale", a.v_scale, p.v_storage.quant, p.kv_heads, p.v_head_dim);
   ATTNKIT_REQUIRE(p.has_mask || a.mask.data == nullptr, "mask", "a mask buffer was given but problem.has_mask is false");
-  check_buffer("mask", a.mask.data, a.mask.elements, mask);
+  check_buffer("mask", a.mask.data, a.mask.elements, mask_bits, mask);
   ATTNKIT_REQUIRE(p.has_key_lengths || a.key_lengths.data == nullptr, "key_lengths",
           "a key-length buffer was given but problem.has_key_lengths is false");
-  check_buffer("key_lengths", a.key_lengths.data, a.key_lengths.elements, lengths);
+  check_buffer("key_lengths", a.key_lengths.data, a.key_lengths.elements, 32, lengths);
   ATTNKIT_REQUIRE(p.has_head_sink || a.head_sink.data == nullptr, "head_sink",
           "a head-sink buffer was given but problem.has_head_sink is false");
-  check_buffer("head_sink", a.head_sink.data, a.head_sink.elements, sink);
+  check_buffer("head_sink", a.head_sink.data, a.head_sink.elements, 32, sink);
   ATTNKIT_REQUIRE(p.has_causal_offsets || a.causal_offsets.data == nullptr, "causal_offsets",
           "a causal-offset buffer was given but problem.has_causal_offsets is false");
-  check_buffer("causal_offsets", a.causal_offsets.data, a.causal_offsets.elements, offsets);
+  check_buffer("causal_offsets", a.causal_offsets.data, a.causal_offsets.elements, 32, offsets);
   ATTNKIT_REQUIRE(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
-  check_buffer("lse", a.lse.data, a.lse.elements, lse);
+  check_buffer("lse", a.lse.data, a.lse.elements, 32, lse);
   if (a.scratch != nullptr) {
     ATTNKIT_REQUIRE(reinterpret_cast<std::uintptr_t>(a.scratch) % 64 == 0, "scratch", "must be aligned to 64 bytes");
     ATTNKIT_REQUIRE(a.scratch_bytes >= scratch_needed, "scratch_bytes",
@@ -234,9 +318,9 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
     }
   }
 
-  const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0
-                                ? IndexSpan{0, static_cast<std::int64_t>(scratch_needed) - 1}
-                                : IndexSpan{};
+  // A plan's scratch is far below 2^63 bytes (the size rule bounds what it counts); clamped all the same.
+  const auto scratch_last = static_cast<std::int64_t>(std::min<std::size_t>(scratch_needed, kInt64Max) - 1);
+  const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0 ? IndexSpan{0, scratch_last} : IndexSpan{};
   const std::array<Region, 12> regions{
       Region{"q", a.q.data, q, bits, false},
       Region{"k", a.k.data, k, k_bits, false},

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace attnkit::core {
 
@@ -19,13 +20,19 @@ AttentionProblem normalize_and_check(const AttentionProblem& problem);
 void check_args(const AttentionProblem& problem, const AttentionArgs& args, std::size_t scratch_needed,
                 bool host_key_lengths = true);
 
-// Lowest and highest element index a layout reaches over [batch, heads, rows, cols] (cols contiguous).
+// Lowest and highest element index a layout reaches over [batch, heads, rows, cols] (cols contiguous), in checked
+// arithmetic: throws Error naming `name`.<field> when the highest index does not fit int64.
 struct IndexSpan {
   std::int64_t lowest = 0;
   std::int64_t highest = -1;  // highest < lowest: the tensor is empty
   bool empty() const { return highest < lowest; }
 };
 IndexSpan index_span(const Layout& layout, std::int64_t batch, std::int64_t heads, std::int64_t rows,
-                     std::int64_t cols);
+                     std::int64_t cols, const std::string& name = "layout");
+
+// The most CPU worker threads a config may ask for (each gets its own workspace).
+inline constexpr int kMaxThreads = 1024;
+// A config's `threads` (0: all cores) and `backend` (one of the enum's values); `prefix` names the struct.
+void check_config(int threads, Backend backend, const std::string& prefix);
 
 }  // namespace attnkit::core

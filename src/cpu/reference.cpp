@@ -23,6 +23,7 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
   constexpr double kInf = std::numeric_limits<double>::infinity();
 
   ReferenceResult r;
+  if (p.batch == 0 || p.q_len == 0) return r;  // no output row: nothing to loop over (batch may be 2^50)
   r.out.assign(static_cast<std::size_t>(p.batch * p.heads * p.q_len * dv), 0.0);
   r.lse.assign(static_cast<std::size_t>(p.batch * p.heads * p.q_len), 0.0);
   std::vector<double> scores;
@@ -92,6 +93,7 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
 }
 
 void run_reference(const AttentionProblem& p, const AttentionArgs& a) {
+  if (p.batch == 0 || p.q_len == 0) return;  // no output row (and batch * heads may be any size)
   const ReferenceResult r = reference_attention(p, a);
   const std::int64_t dv = p.v_head_dim;
   for (std::int64_t b = 0; b < p.batch; ++b) {

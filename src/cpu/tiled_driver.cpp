@@ -1,6 +1,7 @@
 // The tiled CPU kernel's driver: planning (row blocks, the key split), scratch layout, the thread loop with
 // its work-budget cut, and the split-K merge pass. The SIMD work item is in tiled_kernel.cpp.
 #include "../core/online_softmax.hpp"
+#include "../core/visibility.hpp"
 #include "tiled_workspace.hpp"
 
 #include <omp.h>
@@ -212,8 +213,10 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
       if (p.work_budget == 0) {
         stop = plan.items;
       } else {
-        for (std::int64_t ops = item_cost(start); stop < plan.items && ops + item_cost(stop) <= p.work_budget; ++stop)
-          ops += item_cost(stop);
+        // Saturating: a call's total cost (4 * b * h * q * k * d) is not bounded by the size rule, only each item's.
+        for (std::int64_t ops = item_cost(start);
+             stop < plan.items && core::saturating_add(ops, item_cost(stop)) <= p.work_budget; ++stop)
+          ops = core::saturating_add(ops, item_cost(stop));
       }
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t item = start; item < stop; ++item) run_item(item);

@@ -45,6 +45,9 @@ HWY_INLINE void widen_row(const void* src, DType t, std::int64_t n, float* HWY_R
   for (; i < n; ++i) dst[i] = load_as_float(src, t, i);
 }
 
+// Index arithmetic here is int64 and in range by the checks (docs/safety.md, "What the kernels may rely on"):
+// every Layout::index of a checked problem is below its buffer's stated element count, and that count times the
+// element size fits a pointer difference, so `index * dtype_size` and `base + index` never overflow.
 // Widens row `index` (in values) of a K or V buffer into `dst`: a float type as widen_row does, a quantized one
 // dequantized (q * scale in float32, the product every reader of the format computes: core/kv_quant.hpp).
 // `scales` is the row's kv head's first channel scale (per channel) or the tensor's one scale.

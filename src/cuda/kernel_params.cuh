@@ -22,6 +22,9 @@ namespace attnkit::cuda {
 
 struct DeviceLayout {
   std::int64_t offset, batch_stride, head_stride, row_stride;
+  // In range by the checks (core::normalize_and_check / check_args, docs/safety.md): for every (b, h, r) of a
+  // checked problem each term and partial sum is at most the layout's highest index, below the buffer's element
+  // count, and index * element size fits a pointer difference.
   __host__ __device__ std::int64_t index(std::int64_t b, std::int64_t h, std::int64_t r) const {
     return offset + b * batch_stride + h * head_stride + r * row_stride;
   }

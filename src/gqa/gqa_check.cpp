@@ -2,10 +2,14 @@
 // outputs per call, each failure an Error that names the input and states the rule. Nothing here writes.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <limits>
 #include <optional>
 #include <string>
 
+#include "../core/checked_int.hpp"
 #include "../core/kv_quant.hpp"
+#include "../core/visibility.hpp"
 #include "../core/require.hpp"
 #include "gqa_plan.hpp"
 
@@ -43,11 +47,26 @@ ElementType element_of(DType t) {
 std::string type_name(ElementType t) { return std::string(element_type_name(t)); }
 
 // A present tensor: sane dimensions, the rank it must have, and data unless it is empty.
+// Dimensions >= 0 whose product, in bytes, fits an address space: then elements() and every byte offset into the
+// tensor fit int64 and a pointer difference.
 template <class View>
-void check_tensor(const View& t, const std::string& name, std::size_t rank) {
+void check_dimensions(const View& t, const std::string& name) {
+  std::int64_t elements = 1;
   for (std::int64_t d : t.shape) {
     ATTNKIT_REQUIRE(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
+    ATTNKIT_REQUIRE(!__builtin_mul_overflow(elements, d, &elements), name,
+            "shape " + shape_string(t.shape) + " holds more elements than fit int64 (every index must be below 2^63)");
   }
+  const std::int64_t size = static_cast<std::int64_t>(element_size(t.type));
+  ATTNKIT_REQUIRE(size > 0, name, "has an element type outside ElementType, the value " +
+                                      str(static_cast<int>(t.type)));
+  ATTNKIT_REQUIRE(elements <= std::numeric_limits<std::ptrdiff_t>::max() / size, name,
+          "shape " + shape_string(t.shape) + " of " + type_name(t.type) + " holds more bytes than an address space");
+}
+
+template <class View>
+void check_tensor(const View& t, const std::string& name, std::size_t rank) {
+  check_dimensions(t, name);
   ATTNKIT_REQUIRE(t.shape.size() == rank, name,
           "must have rank " + str(static_cast<std::int64_t>(rank)) + ", got shape " + shape_string(t.shape));
   ATTNKIT_REQUIRE(t.data != nullptr || t.elements() == 0, name, "has no data but shape " + shape_string(t.shape));
@@ -113,7 +132,7 @@ const float* check_scales(const TensorView& t, const char* name, const char* att
     return nullptr;
   }
   ATTNKIT_REQUIRE(t.present(), name, std::string("is required when ") + attribute + " is not NONE");
-  for (std::int64_t d : t.shape) ATTNKIT_REQUIRE(d >= 0, name, "dimensions must be >= 0, got shape " + shape_string(t.shape));
+  check_dimensions(t, name);
   check_type(t, name, ElementType::float32, "dequantization scales");
   const std::int64_t need = core::kv_scale_count(quant, kv_heads, head_size);
   ATTNKIT_REQUIRE(t.elements() == need, name,
@@ -150,10 +169,11 @@ void check_overlaps(const std::vector<Region>& regions, const void* shared_key, 
                     (w.name == "present_value" && r.name == "past_value"))) {
         continue;
       }
-      const auto w0 = reinterpret_cast<std::uintptr_t>(w.data);
-      const auto r0 = reinterpret_cast<std::uintptr_t>(r.data);
-      const bool overlap =
-          w0 < r0 + static_cast<std::uintptr_t>(r.bytes) && r0 < w0 + static_cast<std::uintptr_t>(w.bytes);
+      // 128-bit: an address plus a size never wraps to a low address here.
+      const auto w0 = static_cast<unsigned __int128>(reinterpret_cast<std::uintptr_t>(w.data));
+      const auto r0 = static_cast<unsigned __int128>(reinterpret_cast<std::uintptr_t>(r.data));
+      const bool overlap = w0 < r0 + static_cast<unsigned __int128>(r.bytes) &&
+                           r0 < w0 + static_cast<unsigned __int128>(w.bytes);
       ATTNKIT_REQUIRE(!overlap, w.name,
               "must not overlap " + r.name +
                   " (outputs may share memory with no other tensor, except a present cache that is its past "
@@ -175,6 +195,11 @@ GqaSettings check_attributes(const GqaAttributes& a) {
   ATTNKIT_REQUIRE(a.kv_num_heads >= 1, "kv_num_heads", "must be >= 1, got " + str(a.kv_num_heads));
   ATTNKIT_REQUIRE(a.num_heads % a.kv_num_heads == 0, "kv_num_heads",
           "num_heads (" + str(a.num_heads) + ") must be a multiple of kv_num_heads (" + str(a.kv_num_heads) + ")");
+  // The heads of a packed QKV token, num_heads + 2 * kv_num_heads, in checked arithmetic.
+  const std::optional<std::int64_t> kv_twice = core::checked_mul(a.kv_num_heads, 2);
+  ATTNKIT_REQUIRE(kv_twice && core::checked_add(a.num_heads, *kv_twice), "num_heads",
+          "num_heads + 2 * kv_num_heads (" + str(a.num_heads) + " + 2 * " + str(a.kv_num_heads) +
+              ") does not fit int64");
   ATTNKIT_REQUIRE(std::isfinite(a.scale), "scale", "must be finite (0: 1 / sqrt(head_size))");
   ATTNKIT_REQUIRE(std::isfinite(a.softcap) && a.softcap >= 0.0f, "softcap", "must be finite and >= 0 (0: off)");
   check_flag(a.causal, "causal");
@@ -376,7 +401,8 @@ void plan_rows(const GqaSettings& st, const std::int32_t* seqlens, GqaPlan& g) {
           first <= needed, "present_key",
           "sliding_window_cache: batch entry " + str(b) + " keeps tokens from " + str(first) +
               " on, but its first query (position " + str(past) + ") sees tokens from " + str(needed) +
-              " on: the window cache needs local_window_size - 1 + sequence_length = " + str(st.window - 1 + g.seq) +
+              " on: the window cache needs local_window_size - 1 + sequence_length = " +
+              str(core::saturating_add(st.window - 1, g.seq)) +
               " rows (it has " + str(capacity) + ", and past_key " + str(past_capacity) + ")");
       r.past_rows = static_cast<std::int32_t>(past_rows);
       r.drop = static_cast<std::int32_t>(drop);
@@ -493,8 +519,15 @@ void plan_extras_and_outputs(const GqaSettings& st, const GqaInputs& in, const G
   }
 }
 
+// Every present tensor passed check_dimensions (plan_call's checks name each one), so this fits; an unchecked
+// one (none today) would count as reaching every address.
 std::int64_t byte_size(const TensorView& t) {
-  return t.present() ? t.elements() * static_cast<std::int64_t>(element_size(t.type)) : 0;
+  if (!t.present()) return 0;
+  std::int64_t bytes = static_cast<std::int64_t>(element_size(t.type));
+  for (std::int64_t d : t.shape) {
+    if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) return core::kInt64Max;
+  }
+  return bytes;
 }
 
 }  // namespace

@@ -574,7 +574,10 @@ GroupQueryAttention::GroupQueryAttention(const GqaAttributes& attributes, const 
     : impl_(std::make_unique<Impl>()) {
   impl_->attributes = attributes;
   impl_->settings = gqa::check_attributes(attributes);
-  if (config.threads < 0) throw Error("config.threads", "must be >= 0 (0: all cores)");
+  core::check_config(config.threads, config.backend, "config");
+  if (config.backend == Backend::Vulkan) {
+    throw Error("config.backend", "GroupQueryAttention runs on Cpu, Reference or Cuda (Vulkan: the attention op only)");
+  }
   if (!config.plan.empty()) {  // (checked by the attention op's rules)
     (void)Attention(AttentionProblem::head_first(1, 1, 1, 1, 1, 1), AttentionConfig{Backend::Reference, 0, config.plan});
   }

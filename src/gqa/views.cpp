@@ -31,9 +31,14 @@ std::size_t element_size(ElementType t) {
 }
 
 namespace {
+// The element count, in checked arithmetic: a shape whose product does not fit int64 is an Error (the op's checks
+// name the tensor before they get here; this keeps any other caller from a wrapped count).
 std::int64_t product(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error("shape", "the product of the dimensions does not fit int64 (a tensor holds fewer than 2^63 elements)");
+  }
   return n;
 }
 

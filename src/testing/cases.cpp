@@ -37,7 +37,10 @@ CaseSpec parse_case(const json& j, const std::string& file) {
       throw std::runtime_error(where + ": unknown field '" + key + "'");
   }
   auto int_field = [&](const char* f, std::int64_t& out) {
-    if (j.contains(f)) out = j.at(f).get<std::int64_t>();
+    if (!j.contains(f)) return;
+    // An integer, not a float: nlohmann converts a float out of int64's range with undefined behaviour.
+    if (!j.at(f).is_number_integer()) throw std::runtime_error(where + ": " + f + " must be an integer");
+    out = j.at(f).get<std::int64_t>();
   };
   int_field("batch", c.batch);
   int_field("heads", c.heads);
@@ -78,9 +81,15 @@ CaseSpec parse_case(const json& j, const std::string& file) {
         {{"none", KeyLengths::None}, {"random", KeyLengths::Random}, {"zero", KeyLengths::Zero}}, where);
   }
   if (j.contains("causal")) c.causal = j.at("causal").get<bool>();
-  if (j.contains("causal_offset") && !j.at("causal_offset").is_null()) c.causal_offset = j.at("causal_offset").get<std::int64_t>();
+  if (j.contains("causal_offset") && !j.at("causal_offset").is_null()) {
+    if (!j.at("causal_offset").is_number_integer()) throw std::runtime_error(where + ": causal_offset must be an integer");
+    c.causal_offset = j.at("causal_offset").get<std::int64_t>();
+  }
   if (j.contains("causal_offsets")) c.causal_offsets = j.at("causal_offsets").get<bool>();
-  if (j.contains("window") && !j.at("window").is_null()) c.window = j.at("window").get<std::int64_t>();
+  if (j.contains("window") && !j.at("window").is_null()) {
+    if (!j.at("window").is_number_integer()) throw std::runtime_error(where + ": window must be an integer");
+    c.window = j.at("window").get<std::int64_t>();
+  }
   if (j.contains("softcap") && !j.at("softcap").is_null()) c.softcap = j.at("softcap").get<float>();
   if (j.contains("scale") && !j.at("scale").is_null()) c.scale = j.at("scale").get<float>();
   if (j.contains("head_sink")) c.head_sink = j.at("head_sink").get<bool>();

@@ -1,0 +1,205 @@
+// Fuzz target: an AttentionProblem, its config and its buffers, decoded from the input, through Attention's
+// constructor and run(). Every buffer is allocated at exactly the size the args state (a caller's stated sizes are
+// trusted; its layouts, extents, options and values are not), so an access past a buffer is an ASan report. The
+// oracles: no sanitizer report, no exception but attnkit::Error, and a rejected call leaves O and the LSE as they
+// were. Problems whose arithmetic is too large to run in a fuzzing step are planned and their buffers checked
+// (core::check_args), not run.
+#include "fuzz_support.hpp"
+
+#include <attnkit/attention.hpp>
+#include <core/kv_quant.hpp>
+#include <core/problem_check.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace attnkit::fuzz {
+namespace {
+
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 15;  // per buffer actually allocated
+constexpr long double kMaxRunWork = 1 << 19;                   // b * h * q * k * (d + dv) a step may run
+
+// One tensor's layout: a dense or padded one for its extents (most inputs: they reach the kernels), or any
+// offset and strides.
+Layout draw_layout(FuzzedDataProvider& in, std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+  // The dense helpers multiply the extents in int64 (the caller's arithmetic): only for extents whose product fits.
+  const bool small = heads >= 0 && rows >= 0 && cols >= 0 && heads < (1 << 20) && rows < (1 << 20) &&
+                     cols < (1 << 20);  // then heads * rows * (cols + 9) < 2^61
+  switch (small ? in.ConsumeIntegralInRange<int>(0, 5) : 5) {
+    case 0: return Layout::head_first(heads, rows, cols);
+    case 1: return Layout::positions_first(heads, rows, cols);
+    case 2: {  // padded: an offset, longer rows, gaps between heads and batch entries
+      const std::int64_t pad = in.ConsumeIntegralInRange<std::int64_t>(0, 9);
+      const Layout d = Layout::head_first(heads, rows, cols + pad);
+      return {pad, d.batch_stride + pad, d.head_stride + pad, d.row_stride};
+    }
+    case 3: {  // broadcast: a stride of 0 somewhere
+      Layout l = Layout::head_first(heads, rows, cols);
+      const int which = in.ConsumeIntegralInRange<int>(0, 2);
+      (which == 0 ? l.batch_stride : which == 1 ? l.head_stride : l.row_stride) = 0;
+      return l;
+    }
+    default:
+      return {edgy_int(in, 0, 64), edgy_int(in, 0, 4096), edgy_int(in, 0, 1024), edgy_int(in, 0, 128)};
+  }
+}
+
+// Highest index + 1 a layout reaches (saturated at int64's top), computed apart from the library's checks.
+std::int64_t reach(const Layout& l, std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) {
+  if (b <= 0 || h <= 0 || r <= 0 || c <= 0) return 0;
+  // Each product is below 2^126 in magnitude; the sum is saturated term by term so that it cannot pass 2^127.
+  const __int128 terms[] = {static_cast<__int128>(b - 1) * l.batch_stride, static_cast<__int128>(h - 1) * l.head_stride,
+                            static_cast<__int128>(r - 1) * l.row_stride, static_cast<__int128>(c)};
+  constexpr __int128 kFar = static_cast<__int128>(1) << 100;
+  __int128 top = l.offset;
+  for (__int128 t : terms) {
+    top += t;
+    if (top > kFar || top < -kFar) break;
+  }
+  return top > kInt64Max || top < 0 ? kInt64Max : static_cast<std::int64_t>(top);
+}
+
+// A buffer for `needed` elements of `bits` bits: usually exactly that, sometimes fewer (the checks must refuse
+// it), sometimes null, and sometimes a stated size beyond an address space (refused before any access: only
+// then may the allocation be smaller than the statement).
+struct Arg {
+  Buffer buffer;
+  std::int64_t elements = 0;
+  bool null = false;
+};
+Arg draw_arg(FuzzedDataProvider& in, std::int64_t needed, std::int64_t bits) {
+  Arg a;
+  needed = std::max<std::int64_t>(needed, 0);
+  const int mode = in.ConsumeIntegralInRange<int>(0, 15);
+  if (mode == 0) {
+    a.null = true;
+    a.elements = in.ConsumeBool() ? needed : 0;
+    return a;
+  }
+  std::int64_t stated = std::min(needed, kMaxElements);
+  if (mode == 1) stated = in.ConsumeIntegralInRange<std::int64_t>(0, stated);
+  const std::int64_t address_space = std::numeric_limits<std::ptrdiff_t>::max() / std::max<std::int64_t>(bits / 8, 1);
+  if (mode == 2 && bits >= 16) {  // 1-byte elements: no int64 count is beyond an address space
+    a.elements = address_space + in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 20);
+    a.buffer = Buffer(in, 64);
+    return a;
+  }
+  a.elements = stated;
+  a.buffer = Buffer(in, static_cast<std::size_t>((stated * bits + 7) / 8));
+  return a;
+}
+
+const void* ptr(const Arg& a) { return a.null ? nullptr : a.buffer.data(); }
+
+long double work(const AttentionProblem& p) {
+  return static_cast<long double>(std::max<std::int64_t>(p.batch, 0)) * std::max<std::int64_t>(p.heads, 0) *
+         std::max<std::int64_t>(p.q_len, 0) * std::max<std::int64_t>(p.k_len, 1) *
+         (std::max<std::int64_t>(p.head_dim, 0) + std::max<std::int64_t>(p.v_head_dim, 0) + 1);
+}
+
+void run_one(FuzzedDataProvider& in) {
+  AttentionProblem p;
+  p.batch = edgy_int(in, 0, 3);
+  p.heads = edgy_int(in, 1, 4);
+  p.kv_heads = in.ConsumeBool() ? 0 : edgy_int(in, 1, 4);
+  p.q_len = edgy_int(in, 0, 70);
+  p.k_len = edgy_int(in, 0, 300);
+  p.head_dim = edgy_int(in, 1, 40);
+  p.v_head_dim = in.ConsumeBool() ? 0 : edgy_int(in, 1, 40);
+  p.dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(0, 3));
+  const std::int64_t kvh = p.kv_heads == 0 ? p.heads : p.kv_heads;
+  const std::int64_t dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
+  p.q = draw_layout(in, p.heads, p.q_len, p.head_dim);
+  p.k = draw_layout(in, kvh, p.k_len, p.head_dim);
+  p.v = draw_layout(in, kvh, p.k_len, dv);
+  p.o = draw_layout(in, p.heads, p.q_len, dv);
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    const auto quant = [&](KvStorage& s) {
+      s.type = static_cast<KvType>(in.ConsumeIntegralInRange<int>(0, 3));
+      s.quant = static_cast<KvQuant>(in.ConsumeIntegralInRange<int>(0, 3));
+    };
+    quant(p.k_storage);
+    quant(p.v_storage);
+  }
+  if (in.ConsumeBool()) p.scale = in.ConsumeFloatingPoint<float>();
+  p.has_mask = in.ConsumeBool();
+  if (p.has_mask) {
+    p.mask_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(0, 3));
+    p.mask = draw_layout(in, p.heads, p.q_len, p.k_len);
+  }
+  p.has_key_lengths = in.ConsumeBool();
+  p.causal = in.ConsumeBool();
+  if (in.ConsumeBool()) p.causal_offset = edgy_int(in, -80, 300);
+  p.has_causal_offsets = p.causal && in.ConsumeIntegralInRange<int>(0, 3) == 0;
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) p.window = edgy_int(in, -2, 300);
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) p.softcap = in.ConsumeFloatingPoint<float>();
+  p.has_head_sink = in.ConsumeIntegralInRange<int>(0, 3) == 0;
+  p.masked_rows = static_cast<MaskedRows>(in.ConsumeIntegralInRange<int>(0, 2));
+  p.return_lse = in.ConsumeBool();
+  if (p.return_lse) p.lse = draw_layout(in, p.heads, p.q_len, 1);
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0) p.work_budget = edgy_int(in, 0, 100000);
+
+  AttentionConfig config;
+  const int backend = in.ConsumeIntegralInRange<int>(0, 9);
+  config.backend = backend < 6 ? Backend::Cpu : backend < 9 ? Backend::Reference : static_cast<Backend>(backend);
+  config.threads = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? static_cast<int>(edgy_int(in, 0, 4)) : 1;
+
+  const std::int64_t bits = static_cast<std::int64_t>(dtype_size(p.dtype)) * 8;
+  const auto kv_bits = [&](KvStorage s) {
+    return s.type == KvType::Int8 ? 8 : s.type == KvType::Int4 ? 4 : bits;
+  };
+  const Arg q = draw_arg(in, reach(p.q, p.batch, p.heads, p.q_len, p.head_dim), bits);
+  const Arg k = draw_arg(in, reach(p.k, p.batch, kvh, p.k_len, p.head_dim), kv_bits(p.k_storage));
+  const Arg v = draw_arg(in, reach(p.v, p.batch, kvh, p.k_len, dv), kv_bits(p.v_storage));
+  Arg o = draw_arg(in, reach(p.o, p.batch, p.heads, p.q_len, dv), bits);
+  const std::int64_t mask_bits = static_cast<std::int64_t>(dtype_size(p.mask_dtype)) * 8;
+  const Arg mask = p.has_mask ? draw_arg(in, reach(p.mask, p.batch, p.heads, p.q_len, p.k_len), mask_bits) : Arg{};
+  const Arg lengths = p.has_key_lengths ? draw_arg(in, p.batch, 32) : Arg{};
+  const Arg offsets = p.has_causal_offsets ? draw_arg(in, p.batch, 32) : Arg{};
+  const Arg sink = p.has_head_sink ? draw_arg(in, p.heads, 32) : Arg{};
+  Arg lse = p.return_lse ? draw_arg(in, reach(p.lse, p.batch, p.heads, p.q_len, 1), 32) : Arg{};
+  const auto scales = [&](KvQuant quant, std::int64_t dim) {
+    const __int128 count = quant == KvQuant::PerTensor ? 1 : static_cast<__int128>(kvh) * dim;
+    return quant == KvQuant::None ? Arg{} : draw_arg(in, count > kMaxElements ? kMaxElements : static_cast<std::int64_t>(count), 32);
+  };
+  const Arg k_scale = scales(p.k_storage.quant, p.head_dim);
+  const Arg v_scale = scales(p.v_storage.quant, dv);
+
+  AttentionArgs a;
+  a.q = {ptr(q), q.elements};
+  a.k = {ptr(k), k.elements};
+  a.v = {ptr(v), v.elements};
+  a.o = {const_cast<void*>(ptr(o)), o.elements};
+  a.mask = {ptr(mask), mask.elements};
+  a.key_lengths = {ptr(lengths), lengths.elements};
+  a.causal_offsets = {ptr(offsets), offsets.elements};
+  a.head_sink = {ptr(sink), sink.elements};
+  a.lse = {const_cast<void*>(ptr(lse)), lse.elements};
+  a.k_scale = {ptr(k_scale), k_scale.elements};
+  a.v_scale = {ptr(v_scale), v_scale.elements};
+
+  const std::vector<std::byte> o_before = o.buffer.copy();
+  const std::vector<std::byte> lse_before = lse.buffer.copy();
+  try {
+    Attention op(p, config);
+    const long double limit = op.backend() == Backend::Reference ? kMaxRunWork / 16 : kMaxRunWork;
+    if (work(op.problem()) <= limit) {
+      op.run(a);
+    } else {
+      core::check_args(op.problem(), a, op.scratch_bytes());
+    }
+  } catch (const Error&) {
+    require_unchanged(o.buffer, o_before);
+    require_unchanged(lse.buffer, lse_before);
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  attnkit::fuzz::run_one(in);
+  return 0;
+}
