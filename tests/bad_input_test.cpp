@@ -560,7 +560,7 @@ TEST(BadInput, ConfigThreadsAndBackendInRange) {
                   "must be >= 0 and at most 1024");
   expect_accepted("threads 1024", [](auto&, auto&, auto&, AttentionConfig& c) { c.threads = 1024; });
   expect_rejected("backend 9", [](auto&, auto&, auto&, AttentionConfig& c) { c.backend = static_cast<Backend>(9); },
-                  "config.backend", "must be Auto, Cpu, Reference or Cuda");
+                  "config.backend", "must be Auto, Cpu, Reference, Cuda or Vulkan");
 }
 
 TEST(BadInput, MaskedRowsInRange) {

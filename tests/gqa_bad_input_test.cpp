@@ -336,7 +336,7 @@ TEST(GqaBadInput, SizesMustFitInt64) {
        "query", "outside ElementType"},
       {"threads 4000", MUT { cfg.threads = 4000; }, "config.threads", "at most 1024"},
       {"backend out of range", MUT { cfg.backend = static_cast<Backend>(9); }, "config.backend",
-       "must be Auto, Cpu, Reference or Cuda"},
+       "must be Auto, Cpu, Reference, Cuda or Vulkan"},
   });
 }
 
