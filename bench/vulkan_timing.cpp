@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       const AttentionArgs args = host_args(p, t, h);
       AttentionConfig vc;
       vc.backend = Backend::Vulkan;
-      vc.kernel = kernel;
+      vc.plan.kernel = kernel;
       try {
         Attention op(p, vc);
         for (int i = 0; i < 3; ++i) op.run(args);
