@@ -128,11 +128,16 @@ void check_plan_overrides(const PlanOverrides& o) {
   if (o.splits < 0) throw Error("config.plan.splits", "must be >= 0 (0: the plan's choice)");
   if (o.persistent_blocks < 0) throw Error("config.plan.persistent_blocks", "must be >= 0 (0: the plan's choice)");
   if (o.heavy_group < 0) throw Error("config.plan.heavy_group", "must be >= 0 (0: the plan's choice)");
-  try {
-    (void)parse_plan_overrides(o.to_string());
-  } catch (const Error& e) {
-    throw Error("config.plan", std::string(e.what()).substr(e.argument().size() + 2));
-  }
+  // (the names: through the text form's parse, which lists the ones there are)
+  const auto check = [](const std::string& text, const char* field) {
+    try {
+      (void)parse_plan_overrides(text);
+    } catch (const Error& e) {
+      throw Error(field, std::string(e.what()).substr(e.argument().size() + 2));
+    }
+  };
+  if (!o.kernel.empty()) check("kernel=" + o.kernel, "config.plan.kernel");
+  for (const std::string& f : o.off) check("off=" + f, "config.plan.off");
 }
 }  // namespace
 

@@ -118,6 +118,34 @@ TEST(BadInput, Sizes) {
 
 // The largest lengths the rule allows are accepted by the constructor (the plan is made; nothing is run or
 // allocated for them).
+// Plan overrides (AttentionConfig::plan) with an unknown kernel or feature, or a negative count, are rejected by
+// the field's name on every backend, before any work; known ones are accepted where a backend ignores them.
+TEST(BadInput, PlanOverridesAreCheckedByName) {
+  const AttentionProblem p = AttentionProblem::head_first(1, 2, 2, 8, 8, 16);
+  auto argument_of = [&](const PlanOverrides& o) -> std::string {
+    try {
+      Attention op(p, AttentionConfig{Backend::Cpu, 0, o});
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return "";
+  };
+  PlanOverrides kernel;
+  kernel.kernel = "fast";
+  EXPECT_EQ(argument_of(kernel), "config.plan.kernel");
+  PlanOverrides off;
+  off.off = {"plain", "turbo"};
+  EXPECT_EQ(argument_of(off), "config.plan.off");
+  PlanOverrides splits;
+  splits.splits = -1;
+  EXPECT_EQ(argument_of(splits), "config.plan.splits");
+  PlanOverrides fine;
+  fine.kernel = "mma";
+  fine.off = {"plain"};
+  EXPECT_EQ(argument_of(fine), "");
+  EXPECT_THROW(parse_plan_overrides("kernel=mma,colour=red"), Error);
+}
+
 TEST(BadInput, LengthsJustBelow2To31AreAccepted) {
   for (bool keys : {false, true}) {
     AttentionProblem p = AttentionProblem::head_first(1, 2, 1, keys ? 1 : k2to31 - 1, keys ? k2to31 - 1 : 1, 8);
