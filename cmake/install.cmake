@@ -16,6 +16,7 @@ install(DIRECTORY include/attnkit DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPON
 install(EXPORT attnkit-targets NAMESPACE attnkit:: DESTINATION ${ATTNKIT_INSTALL_CMAKEDIR} COMPONENT devel)
 
 set(ATTNKIT_CONFIG_HAS_CUDA ${ATTNKIT_HAS_CUDA})
+set(ATTNKIT_CONFIG_HAS_VULKAN ${ATTNKIT_HAS_VULKAN})
 configure_package_config_file(cmake/attnkitConfig.cmake.in "${CMAKE_CURRENT_BINARY_DIR}/attnkitConfig.cmake"
                               INSTALL_DESTINATION ${ATTNKIT_INSTALL_CMAKEDIR})
 # 0.x: only the same minor version is compatible (the SONAME says the same).
@@ -32,6 +33,9 @@ set(ATTNKIT_PC_LIBS "")
 if(ATTNKIT_HAS_CUDA)  # the shared library needs the CUDA runtime found at link and run time
   set(ATTNKIT_PC_LIBS "-L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR}")
   string(APPEND ATTNKIT_PC_LIBS_PRIVATE " -lcudart")
+endif()
+if(ATTNKIT_HAS_VULKAN)  # the static library's Vulkan backend links the loader
+  string(APPEND ATTNKIT_PC_REQUIRES_PRIVATE " vulkan")
 endif()
 configure_file(cmake/attnkit.pc.in "${CMAKE_CURRENT_BINARY_DIR}/attnkit.pc" @ONLY)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/attnkit.pc" DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT devel)
