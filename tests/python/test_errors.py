@@ -64,7 +64,7 @@ def test_options(inputs):
     q, k, v = inputs
     rejects(ValueError, "masked_rows: must be \"nan\" or \"zero\", got \"inf\"", q, k, v, masked_rows="inf")
     rejects(ValueError, "layout: must be \"bhsd\"", q, k, v, layout="sbhd")
-    rejects(ValueError, "backend: must be \"auto\", \"cpu\", \"reference\" or \"cuda\", got \"gpu\"", q, k, v,
+    rejects(ValueError, "backend: must be \"auto\", \"cpu\", \"reference\", \"cuda\" or \"vulkan\", got \"gpu\"", q, k, v,
             backend="gpu")
     rejects(ValueError, "causal_offset: is set but causal is False", q, k, v, causal_offset=1)
     rejects(ValueError, "backend: \"cuda\" runs CUDA arrays, but q is on cpu", q, k, v, backend="cuda")
