@@ -5,7 +5,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12 warns on its own AVX-512 headers inside target-attributed functions (an `undefined` vector read in
 // the intrinsics, a vector return between functions of one target): neither reaches our code's behaviour.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include <immintrin.h>
 #define ATTNKIT_HAS_BF16_TARGET 1
@@ -53,7 +55,7 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
   constexpr std::int64_t kStep = 32;  // bfloat16 elements per vector
   const std::int64_t full = dim / kStep * kStep;
   const __mmask32 tail = static_cast<__mmask32>((std::uint64_t{1} << (dim - full)) - 1);  // zeros past dim
-  auto load = [&](const std::uint16_t* p, std::int64_t d) { return load_bf16(p, d, full, tail); };
+  // No lambda here: clang does not give a lambda its enclosing function's target attribute.
   std::int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     __m512 acc[R][4];
@@ -61,9 +63,9 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
       for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < dim; d += kStep) {
       __m512bh kv[4];
-      for (int g = 0; g < 4; ++g) kv[g] = load(k + (j + g) * k_stride, d);
+      for (int g = 0; g < 4; ++g) kv[g] = load_bf16(k + (j + g) * k_stride, d, full, tail);
       for (int r = 0; r < R; ++r) {
-        const __m512bh qv = load(q[r], d);
+        const __m512bh qv = load_bf16(q[r], d, full, tail);
         for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], qv, kv[g]);
       }
     }
@@ -73,8 +75,8 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < dim; d += kStep) {
-      const __m512bh kv = load(k + j * k_stride, d);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], load(q[r], d), kv);
+      const __m512bh kv = load_bf16(k + j * k_stride, d, full, tail);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], load_bf16(q[r], d, full, tail), kv);
     }
     const __m512 z = _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) s[r * row_stride + j] = _mm_cvtss_f32(sums_of_four(acc[r], z, z, z));
