@@ -3,8 +3,9 @@
 // bench/bench_cuda.py times them), medians. A quick look between full runs, and the way to compare two builds of
 // a kernel in one device run; the numbers that count come from bench/bench_cuda.py, side by side with PyTorch
 // in one process.
-//   usage: attnkit_cuda_timing [case-substring [dtype]]
-//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal] [dtype]   (one shape of your own, head-first)
+//   usage: attnkit_cuda_timing [case-substring [dtype [plan]]]
+//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]   (one shape of your own, head-first)
+//   plan: plan overrides in their text form (e.g. kernel=mma,splits=4), "" for the plan's own choice.
 #include <attnkit/attention.hpp>
 
 #include <cuda_runtime.h>
@@ -21,7 +22,8 @@ using namespace attnkit;
 int main(int argc, char** argv) {
   const std::string only_case = argc > 1 ? argv[1] : "";
   const std::string only_dtype = argc > 2 ? argv[2] : "";
-  struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; };
+  const PlanOverrides plan = parse_plan_overrides(argc > 3 ? argv[3] : "");
+  struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; std::int64_t dv = 0; };
   std::vector<Case> cases = {
       {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
       {"bert_b1_s128", 1, 12, 12, 128, 128, 64, false},     {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
@@ -37,10 +39,10 @@ int main(int argc, char** argv) {
   if (only_case.rfind("shape:", 0) == 0) {
     Case own{"shape", 1, 1, 1, 1, 1, 64, false};
     int causal = 0;
-    const int n = std::sscanf(only_case.c_str() + 6, "%ld,%ld,%ld,%ld,%ld,%ld,%d", &own.b, &own.h, &own.hkv, &own.sq,
-                              &own.sk, &own.d, &causal);
+    const int n = std::sscanf(only_case.c_str() + 6, "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld", &own.b, &own.h, &own.hkv,
+                              &own.sq, &own.sk, &own.d, &causal, &own.dv);
     if (n < 6) {
-      std::fprintf(stderr, "usage: shape:B,H,HKV,SQ,SK,D[,causal]\n");
+      std::fprintf(stderr, "usage: shape:B,H,HKV,SQ,SK,D[,causal[,DV]]\n");
       return 2;
     }
     own.causal = causal != 0;
@@ -54,25 +56,32 @@ int main(int argc, char** argv) {
     if (cases.size() > 1 && std::string(c.name).find(only_case) == std::string::npos) continue;
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
       if (!only_dtype.empty() && only_dtype != dtype_name(t)) continue;
+      const std::int64_t dv = c.dv > 0 ? c.dv : c.d;
       AttentionProblem p = AttentionProblem::head_first(c.b, c.h, c.hkv, c.sq, c.sk, c.d, t);
       p.causal = c.causal;
+      p.v_head_dim = dv;
+      p.v = Layout::head_first(c.hkv, c.sk, dv);
+      p.o = Layout::head_first(c.h, c.sq, dv);
       const std::size_t es = dtype_size(t);
       const std::int64_t nq = c.b * c.h * c.sq * c.d, nk = c.b * c.hkv * c.sk * c.d;
+      const std::int64_t nv = c.b * c.hkv * c.sk * dv, no = c.b * c.h * c.sq * dv;
       std::vector<std::uint16_t> host(static_cast<std::size_t>(std::max(nq, nk)) * 2);
       std::mt19937 rng(1);
       std::normal_distribution<float> normal;
-      std::vector<char> bytes(static_cast<std::size_t>(std::max(nq, nk)) * es);
-      for (std::int64_t i = 0; i < std::max(nq, nk); ++i) store_from_float(bytes.data(), t, i, normal(rng));
+      const std::int64_t most = std::max({nq, nk, nv});
+      std::vector<char> bytes(static_cast<std::size_t>(most) * es);
+      for (std::int64_t i = 0; i < most; ++i) store_from_float(bytes.data(), t, i, normal(rng));
       void *q, *k, *v, *o;
-      cudaMalloc(&q, nq * es); cudaMalloc(&k, nk * es); cudaMalloc(&v, nk * es); cudaMalloc(&o, nq * es);
+      cudaMalloc(&q, nq * es); cudaMalloc(&k, nk * es); cudaMalloc(&v, nv * es); cudaMalloc(&o, no * es);
       cudaMemcpy(q, bytes.data(), nq * es, cudaMemcpyHostToDevice);
       cudaMemcpy(k, bytes.data(), nk * es, cudaMemcpyHostToDevice);
-      cudaMemcpy(v, bytes.data(), nk * es, cudaMemcpyHostToDevice);
+      cudaMemcpy(v, bytes.data(), nv * es, cudaMemcpyHostToDevice);
       AttentionConfig cfg;
       cfg.backend = Backend::Cuda;
+      cfg.plan = plan;
       Attention op(p, cfg);
       AttentionArgs a;
-      a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nk}; a.o = {o, nq};
+      a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nv}; a.o = {o, no};
       a.stream = stream;
       for (int i = 0; i < 3; ++i) op.run(a);
       cudaEvent_t e0, e1;
@@ -108,8 +117,8 @@ int main(int argc, char** argv) {
       const double sec = (graph_ms > 0 ? graph_ms : eager_ms) * 1e-3;
       double pairs = static_cast<double>(c.sq) * c.sk;
       if (c.causal && c.sq > 1) pairs = static_cast<double>(c.sq) * (c.sk - c.sq) + c.sq * (c.sq + 1) / 2.0;
-      const double flops = 4.0 * c.b * c.h * pairs * c.d;
-      const double bytes_min = static_cast<double>(es) * (2.0 * nq + 2.0 * nk);
+      const double flops = 2.0 * c.b * c.h * pairs * (c.d + dv);
+      const double bytes_min = static_cast<double>(es) * (nq + no + nk + nv);
       std::printf("%-28s %-9s %10.2f %10.2f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(),
                   eager_ms * 1e3, graph_ms * 1e3, flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);

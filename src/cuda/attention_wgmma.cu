@@ -32,7 +32,7 @@ constexpr int kRows = static_cast<int>(kWarpgroupRows);  // 2 consumer warpgroup
 // Keys per tile (warpgroup_tile_keys, on the device too), in every build.
 __host__ __device__ constexpr int tile_keys_for(int head_dim) { return head_dim > 128 ? 64 : 128; }
 static_assert(tile_keys_for(64) == warpgroup_tile_keys(64) && tile_keys_for(128) == warpgroup_tile_keys(128) &&
-                  tile_keys_for(256) == warpgroup_tile_keys(256),
+                  tile_keys_for(192) == warpgroup_tile_keys(192) && tile_keys_for(256) == warpgroup_tile_keys(256),
               "the TMA boxes (warpgroup_maps.cu) are the kernel's tiles");
 constexpr int kConsumerThreads = 256;
 constexpr int kSlots = 2;  // K and V tiles in flight
@@ -471,8 +471,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   };
   // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
   // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
-  // two halves keep each MMA's operand list at 64 registers).
-  constexpr int kOutN = D > 128 ? 128 : D;
+  // two halves keep each MMA's operand list at 64 registers), 192 as three of 64.
+  constexpr int kOutN = D % 128 != 0 && D > 128 ? 64 : D > 128 ? 128 : D;
+  static_assert(D % kOutN == 0, "whole MMAs of output columns");
   auto issue_pv = [&](int t) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + ((ring + t) % kSlots) * kTileBytes);
     const std::uint64_t slot_desc = plus(v_desc, ((ring + t) % kSlots) * kTileBytes);
@@ -740,15 +741,16 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
 }  // namespace
 
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type) {
-  // Float K/V: any head dim of whole 16-byte chunks in a bucket (equal Q/K and V dims); a quantized cache at
-  // the exact dims 64 and 128.
-  const bool dims = head_dim == v_head_dim && head_dim % 8 == 0 && warpgroup_bucket(head_dim) > 0;
-  const bool storage = k_type == v_type && (k_type == KvType::Float || head_dim == 64 || head_dim == 128);
+  // Float K/V: any dims of whole 16-byte chunks in a bucket (the wider dim's); a quantized cache at the exact
+  // equal dims 64 and 128.
+  const bool dims = head_dim % 8 == 0 && v_head_dim % 8 == 0 && warpgroup_bucket(warpgroup_width(head_dim, v_head_dim)) > 0;
+  const bool storage = k_type == v_type && (k_type == KvType::Float ||
+                                            (head_dim == v_head_dim && (head_dim == 64 || head_dim == 128)));
   return (dtype == DType::f16 || dtype == DType::bf16) && dims && storage;
 }
 
-std::size_t warpgroup_smem_bytes(std::int64_t real_head_dim, KvType type, bool three) {
-  const std::int64_t head_dim = warpgroup_bucket(real_head_dim);
+std::size_t warpgroup_smem_bytes(std::int64_t width, KvType type, bool three) {
+  const std::int64_t head_dim = warpgroup_bucket(width);
   if (three && head_dim == 64 && type == KvType::Float) return smem_bytes_for<__half, 64, __half, true>();
   // The element type does not change the layout: float16 stands for both.
   switch (type) {
@@ -758,6 +760,7 @@ std::size_t warpgroup_smem_bytes(std::int64_t real_head_dim, KvType type, bool t
   }
   return head_dim == 64    ? smem_bytes_for<__half, 64, __half>()
          : head_dim == 128 ? smem_bytes_for<__half, 128, __half>()
+         : head_dim == 192 ? smem_bytes_for<__half, 192, __half>()
                            : smem_bytes_for<__half, 256, __half>();
 }
 
@@ -784,16 +787,17 @@ int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, b
 
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream, bool overlap) {
-  const int bucket = warpgroup_bucket(p.head_dim);
-  if (dtype == DType::f16) {
-    if (bucket == 64) launch_typed<__half, 64>(p, maps, blocks, stream, overlap);
-    else if (bucket == 128) launch_typed<__half, 128>(p, maps, blocks, stream, overlap);
-    else launch_typed<__half, 256>(p, maps, blocks, stream, overlap);
-  } else {
-    if (bucket == 64) launch_typed<__nv_bfloat16, 64>(p, maps, blocks, stream, overlap);
-    else if (bucket == 128) launch_typed<__nv_bfloat16, 128>(p, maps, blocks, stream, overlap);
-    else launch_typed<__nv_bfloat16, 256>(p, maps, blocks, stream, overlap);
-  }
+  static_assert(sizeof(kWarpgroupBucketDims) / sizeof(int) == 4, "a branch below per built bucket");
+  const int bucket = warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim));
+  const auto typed = [&](auto element) {
+    using T = decltype(element);
+    if (bucket == 64) launch_typed<T, 64>(p, maps, blocks, stream, overlap);
+    else if (bucket == 128) launch_typed<T, 128>(p, maps, blocks, stream, overlap);
+    else if (bucket == 192) launch_typed<T, 192>(p, maps, blocks, stream, overlap);
+    else launch_typed<T, 256>(p, maps, blocks, stream, overlap);
+  };
+  if (dtype == DType::f16) typed(__half{});
+  else typed(__nv_bfloat16{});
 }
 
 }  // namespace attnkit::cuda

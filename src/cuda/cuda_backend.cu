@@ -113,7 +113,8 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.masked_rows = p.masked_rows;
   const std::int64_t d = p.head_dim, dv = p.v_head_dim;
   k.bucketed = plan.kernel == CudaPlan::Kernel::TensorCore ? !(mma_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
-               : plan.kernel == CudaPlan::Kernel::Warpgroup ? warpgroup_bucket(d) != d
+               : plan.kernel == CudaPlan::Kernel::Warpgroup ? warpgroup_bucket(warpgroup_width(d, dv)) != d ||
+                                                                  warpgroup_bucket(warpgroup_width(d, dv)) != dv
                : plan.kernel == CudaPlan::Kernel::Tf32      ? !(tf32_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
                                                             : false;
   k.element_loads = !(pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data) &&
@@ -160,15 +161,16 @@ DeviceTraits device_traits(const AttentionProblem& p) {
         return mma_resident_blocks(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type);
       case CudaPlan::Kernel::Decode: return decode_resident_blocks(p.dtype, p.k_storage.type);
       case CudaPlan::Kernel::DecodeMma: return decode_mma_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
-      case CudaPlan::Kernel::Warpgroup: return warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type);
+      case CudaPlan::Kernel::Warpgroup:
+        return warpgroup_resident_blocks(p.dtype, warpgroup_width(p.head_dim, p.v_head_dim), p.k_storage.type);
       case CudaPlan::Kernel::Simt:
       case CudaPlan::Kernel::Tf32: break;
     }
     return 2;
   };
-  if (warpgroup_bucket(p.head_dim) == 64 && p.k_storage.type == KvType::Float &&
+  if (warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim)) == 64 && p.k_storage.type == KvType::Float &&
       (p.dtype == DType::f16 || p.dtype == DType::bf16) && d.sm90) {
-    d.warpgroup_three_resident = warpgroup_resident_blocks(p.dtype, p.head_dim, p.k_storage.type, true);
+    d.warpgroup_three_resident = warpgroup_resident_blocks(p.dtype, 64, p.k_storage.type, true);
   }
   return d;
 }
@@ -233,7 +235,7 @@ bool rotates_query(const AttentionProblem& p, const AttentionArgs& a, const Cuda
   WarpgroupMaps maps{};
   // (at the bucket's own head dims: the rotated chunks go straight into the tile)
   return !plan.overrides.is_off("query-rotary") && plan.kernel == CudaPlan::Kernel::Warpgroup &&
-         p.head_dim == warpgroup_bucket(p.head_dim) &&
+         p.head_dim == p.v_head_dim && p.head_dim == warpgroup_bucket(p.head_dim) &&
          query_rotary_loads_chunks(rotary, dtype_size(p.dtype)) && special_kernel_runs(p, a, plan, maps);
 }
 

@@ -198,7 +198,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   if (decode_mma_ok && quantized && group_rows <= 2 * kDecodeMmaRows && !o.is_off("decode-mma")) {
     return CudaPlan::Kernel::DecodeMma;
   }
-  const std::int64_t warpgroup_row_block = warpgroup_rows(p.head_dim, p.k_storage.type);
+  const std::int64_t warpgroup_row_block = warpgroup_rows(warpgroup_width(p.head_dim, p.v_head_dim), p.k_storage.type);
   const std::int64_t warpgroup_blocks = p.batch * p.kv_heads * ceil_div(group_rows, warpgroup_row_block);
   // At head dim 64 the wgmma kernel's blocks are the mma.sync kernel's 64 rows, two per SM: the same grid, so no
   // wave count speaks for mma.sync (BERT's 24 blocks of 128 keys: 4.19 against 4.46 us;
@@ -217,7 +217,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // warpgroup_bucket_pays, prefill stays on mma.sync)
   const bool warpgroup_wanted =
       !warpgroup_off &&
-      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(p.head_dim)) || long_stream);
+      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(warpgroup_width(p.head_dim, p.v_head_dim))) || long_stream);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
@@ -258,12 +258,12 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   const bool decode = plan.kernel == CudaPlan::Kernel::Decode;
   const bool warpgroup = plan.kernel == CudaPlan::Kernel::Warpgroup;
   plan.head_dim_tile = plan.kernel == CudaPlan::Kernel::TensorCore ? mma_bucket(p.head_dim, p.v_head_dim).qk
-                       : warpgroup                                 ? static_cast<int>(p.head_dim)
+                       : warpgroup ? warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim))
                                                                    : 0;
   const bool decode_mma = plan.kernel == CudaPlan::Kernel::DecodeMma;
   plan.row_block = decode       ? kDecodeRows
                    : decode_mma ? kDecodeMmaRows
-                   : warpgroup  ? warpgroup_rows(p.head_dim, p.k_storage.type)
+                   : warpgroup  ? warpgroup_rows(warpgroup_width(p.head_dim, p.v_head_dim), p.k_storage.type)
                                 : kRowBlock;
   plan.row_blocks = ceil_div(plan.group_rows, plan.row_block);
   const std::int64_t base_blocks = p.batch * p.kv_heads * plan.row_blocks;
@@ -361,7 +361,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
                     : plan.kernel == CudaPlan::Kernel::TensorCore ? mma_smem_bytes(p.head_dim, p.v_head_dim, p.k_storage.type)
                     : decode                                    ? decode_smem_bytes()
                     : decode_mma                                ? decode_mma_smem_bytes(p.head_dim, p.k_storage.type)
-                    : warpgroup ? warpgroup_smem_bytes(p.head_dim, p.k_storage.type, plan.three_per_sm)
+                    : warpgroup ? warpgroup_smem_bytes(warpgroup_width(p.head_dim, p.v_head_dim), p.k_storage.type, plan.three_per_sm)
                                                                 : simt_smem_bytes(p.head_dim, p.v_head_dim);
   const std::int64_t partial_blocks =
       plan.splits > 1 ? plan.blocks : plan.tail_pieces > 1 ? plan.blocks - plan.tail_block : 0;

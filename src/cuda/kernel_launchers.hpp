@@ -124,6 +124,7 @@ struct WarpgroupMaps {
   int q_by_tma;  // (the launch copies it into KernelParams::q_by_tma, where the kernel reads it)
 };
 bool warpgroup_supports(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, KvType k_type, KvType v_type);
+// (head_dim here: warpgroup_width(head_dim, v_head_dim), the dim whose bucket the kernel is built for)
 std::size_t warpgroup_smem_bytes(std::int64_t head_dim, KvType type, bool three = false);
 std::int64_t warpgroup_rows(std::int64_t head_dim, KvType type);
 // Blocks per SM: 2 at head dim 64 from K/V of the query's type (64-row blocks of one consumer warpgroup; 3 in the

@@ -1,5 +1,6 @@
 // The wgmma kernel's TMA descriptors (host code): K and V as 4-d tensors whose boxes are the kernel's tiles in
 // the 128-byte swizzle, and the plain build's Q in boxes of one block's rows. attention_wgmma.cu reads them.
+#include "config/tile_table.hpp"
 #include "kernel_launchers.hpp"
 
 #include <cudaTypedefs.h>
@@ -73,16 +74,17 @@ bool encode_cached(CUtensorMap& map, CUtensorMapDataType element, void* start, c
 // K or V as a 4-d tensor (head dim, key, K/V head, batch) whose boxes are 64 x 128 tiles in the 128-byte
 // swizzle; keys past k_len read as zeros. A quantized cache: a tensor of bytes (stored row, key, K/V head,
 // batch) whose boxes are whole stored rows of 128 keys, unswizzled (the converting warps read them).
+// dim: the tensor's real head dim (K: head_dim, V: v_head_dim); its boxes cover the kernel's bucket, zeros past it.
 bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, const KernelParams& p, DType dtype,
-                   KvType type) {
+                   KvType type, std::int64_t dim) {
   const bool quantized = type != KvType::Float;
   // Bytes per stored value, as a fraction: 2 (float16 / bfloat16), 1 (int8), 1 / 2 (int4).
   const std::int64_t num = quantized ? 1 : 2, den = type == KvType::Int4 ? 2 : 1;
   for (std::int64_t x : {l.offset, l.row_stride, l.head_stride, l.batch_stride}) {
     if (x * num % den != 0) return false;
   }
-  const std::int64_t row_bytes = p.head_dim * num / den;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(quantized ? row_bytes : p.head_dim),
+  const std::int64_t row_bytes = dim * num / den;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(quantized ? row_bytes : dim),
                               static_cast<cuuint64_t>(p.k_len), static_cast<cuuint64_t>(p.kv_heads),
                               static_cast<cuuint64_t>(p.batch)};
   cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride * num / den),
@@ -92,7 +94,8 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(p.head_dim));
+  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);  // (the kernel's bucket's)
+  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(warpgroup_bucket(width)));
   const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8
@@ -105,7 +108,7 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   // Without it a decode step at batch 8 x 32k keys took 272 -> 251 us (4.28 TB/s; the stream alone, no softmax
   // or MMA: 264 -> 243 us), while the prefill cases ran 2-3% slower without it
   // (bench/results/2026-12-01-h200-cuda-l2-promotion.md).
-  const bool read_once = p.group_rows <= warpgroup_rows(p.head_dim, type);
+  const bool read_once = p.group_rows <= warpgroup_rows(width, type);
   return encode_cached(map, element, start, dims, strides, box,
                        quantized ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                        read_once ? CU_TENSOR_MAP_L2_PROMOTION_NONE : CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
@@ -117,7 +120,9 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
 bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   const std::int64_t g = p.group;
   const std::int64_t rows = warpgroup_rows(p.head_dim, KvType::Float);
-  if (!p.plain || g < 1 || rows % g != 0 || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  if (!p.plain || g < 1 || rows % g != 0 || p.v_head_dim != p.head_dim || (p.head_dim != 64 && p.head_dim != 128)) {
+    return false;
+  }
   const DeviceLayout& l = p.lq;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.heads),
                               static_cast<cuuint64_t>(p.q_len), static_cast<cuuint64_t>(p.batch)};
@@ -137,7 +142,8 @@ bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
 
 bool warpgroup_maps(const KernelParams& p, DType dtype, WarpgroupMaps& maps) {
   maps.q_by_tma = encode_q_map(maps.q, p, dtype) ? 1 : 0;
-  return encode_kv_map(maps.k, p.k, p.lk, p, dtype, p.k_type) && encode_kv_map(maps.v, p.v, p.lv, p, dtype, p.v_type);
+  return encode_kv_map(maps.k, p.k, p.lk, p, dtype, p.k_type, p.head_dim) &&
+         encode_kv_map(maps.v, p.v, p.lv, p, dtype, p.v_type, p.v_head_dim);
 }
 
 }  // namespace attnkit::cuda

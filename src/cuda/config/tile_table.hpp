@@ -82,10 +82,14 @@ inline constexpr std::size_t kSm80SmemOptin = 163 * 1024;
 
 // ---- wgmma (sm_90a, float16 / bfloat16) ----
 
-// The wgmma kernel's tiles are 64-column boxes in the 128-byte swizzle: buckets are multiples of 64, Q/K and V
-// alike, and a float K/V row must be whole 16-byte chunks (head dims a multiple of 8: TMA's strides). Columns past
-// the real dim arrive as zeros (the TMA's out-of-bounds fill) and are never stored.
-inline constexpr int kWarpgroupBucketDims[] = {64, 128, 256};
+// The wgmma kernel's tiles are 64-column boxes in the 128-byte swizzle: buckets are multiples of 64, one for Q/K
+// and V alike (the wider dim's: warpgroup_width), and a float K/V row must be whole 16-byte chunks (head dims a
+// multiple of 8: TMA's strides). Columns past the real dims arrive as zeros (the TMA's out-of-bounds fill) and are
+// never stored.
+inline constexpr int kWarpgroupBucketDims[] = {64, 128, 192, 256};
+constexpr std::int64_t warpgroup_width(std::int64_t head_dim, std::int64_t v_head_dim) {
+  return head_dim > v_head_dim ? head_dim : v_head_dim;
+}
 constexpr int warpgroup_bucket(std::int64_t head_dim) {
   for (int d : kWarpgroupBucketDims) {
     if (d >= head_dim) return d;
