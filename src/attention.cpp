@@ -91,7 +91,7 @@ struct Attention::Impl {
 
 namespace {
 // Every buffer of a call, by argument name (for the checks of where they live).
-std::array<std::pair<const char*, const void*>, 13> named_buffers(const AttentionArgs& a) {
+std::array<std::pair<const char*, const void*>, 16> named_buffers(const AttentionArgs& a) {
   return {{{"q", a.q.data},
            {"k", a.k.data},
            {"v", a.v.data},
@@ -104,6 +104,9 @@ std::array<std::pair<const char*, const void*>, 13> named_buffers(const Attentio
            {"v_scale", a.v_scale.data},
            {"lse", a.lse.data},
            {"status", a.status.data},
+           {"cu_seqlens_q", a.cu_seqlens_q.data},
+           {"cu_seqlens_k", a.cu_seqlens_k.data},
+           {"block_table", a.block_table.data},
            {"scratch", a.scratch}}};
 }
 
@@ -152,6 +155,10 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     case Backend::Reference: impl_->backend = Backend::Reference; break;
     case Backend::Cuda: impl_->backend = Backend::Cuda; break;
     case Backend::Vulkan: impl_->backend = Backend::Vulkan; break;
+  }
+  if (impl_->problem.sequences.any() && (impl_->backend == Backend::Cuda || impl_->backend == Backend::Vulkan)) {
+    throw Error("sequences", "ragged and paged batches run on the CPU and Reference backends; the " +
+                                 backend_name(impl_->backend) + " backend does not support them yet");
   }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();

@@ -36,6 +36,32 @@ struct KvStorage {
   KvQuant quant = KvQuant::None;  // None exactly when type is Float
 };
 
+// Where each sequence's rows are, for ragged (packed) batches and paged K/V caches. By default batch entry b has
+// q_len queries and k_len keys, batch_stride apart. CPU and Reference backends; the GPU backends reject it so far.
+struct SequenceLayout {
+  // Ragged queries (flash-attn's varlen convention): sequence b's queries are rows cu_seqlens_q[b] ..
+  // cu_seqlens_q[b + 1] - 1 of Q, O and lse (args.cu_seqlens_q: int32 [batch + 1], non-decreasing, each
+  // sequence at most q_len rows, the last entry at most total_q). q_len is the longest sequence (max_seqlen_q);
+  // the Q, O and lse layouts' batch_stride is not used. Rows past a sequence's queries are never written.
+  bool ragged_q = false;
+  std::int64_t total_q = 0;  // rows of packed Q, O and lse
+  // Ragged keys: sequence b's keys are rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of K and V (their length
+  // is its key length: not with has_key_lengths); k_len is the longest.
+  bool ragged_k = false;
+  std::int64_t total_k = 0;  // rows of packed K and V
+  // Paged K/V: key j of sequence b is row j % page_size of page block_table[b * max_pages_per_seq + j /
+  // page_size] (args.block_table: int32 [batch * max_pages_per_seq]; the entries a sequence's keys reach lie in
+  // [0, num_pages), the others are not read). The K and V layouts' batch_stride is the page stride and their
+  // row stride the step within a page ([num_pages, page_size, kv_heads, dim] or [num_pages, kv_heads,
+  // page_size, dim]). Key lengths from has_key_lengths, else k_len (at most max_pages_per_seq * page_size).
+  std::int64_t page_size = 0;  // 0: not paged
+  std::int64_t num_pages = 0;
+  std::int64_t max_pages_per_seq = 0;
+
+  bool paged() const { return page_size > 0; }
+  bool any() const { return ragged_q || ragged_k || paged(); }
+};
+
 struct AttentionProblem {
   std::int64_t batch = 1;
   std::int64_t heads = 1;
@@ -60,7 +86,9 @@ struct AttentionProblem {
   Layout mask;
   // Per-batch key lengths, int32[batch]: keys at or past length[b] are hidden.
   bool has_key_lengths = false;
-  // Causal: query i sees key j when j <= i + offset; the offset defaults to k_len - q_len.
+  // Causal: query i sees key j when j <= i + offset; the offset defaults to k_len - q_len. With ragged or paged
+  // sequences it is bottom-right per sequence (key length - query count: the last query sees every key) and
+  // causal_offset must be left unset.
   bool causal = false;
   std::optional<std::int64_t> causal_offset;
   // Per-batch causal offsets, int32[batch] (needs causal): batch entry b uses offsets[b] instead of
@@ -79,6 +107,9 @@ struct AttentionProblem {
   // -inf for a row with no visible key).
   bool return_lse = false;
   Layout lse;
+
+  // Ragged batches and paged K/V (default: neither).
+  SequenceLayout sequences;
 
   // Work budget in estimated operations per launch (0: never cut). A cut call equals the whole call bit for bit.
   std::int64_t work_budget = 0;
@@ -115,6 +146,9 @@ struct AttentionArgs {
   ConstBuffer head_sink;   // float32[heads], when problem.has_head_sink
   ConstBuffer causal_offsets;  // int32[batch], when problem.has_causal_offsets
   MutableBuffer lse;       // float32, when problem.return_lse
+  // int32, when problem.sequences says (ragged_q, ragged_k, paged): [batch + 1], [batch + 1],
+  // [batch * max_pages_per_seq].
+  ConstBuffer cu_seqlens_q, cu_seqlens_k, block_table;
   // Optional int32[1]: the first batch entry whose key length is outside [0, k_len], or -1 (in the memory of the
   // backend: device memory on CUDA). On CUDA the lengths live on the device and run() never reads them back
   // (no host synchronisation: the call captures in a CUDA graph); such an entry sees no key (its rows are masked

@@ -191,6 +191,100 @@ void check_sizes(const AttentionProblem& p) {
               str(p.k_len) + rule);
 }
 
+// Rows each tensor holds per leading index: Q / O / lse are [batch, q_len] rows, or [1, total_q] when ragged; K / V
+// [batch, k_len], [1, total_k] when ragged, [num_pages, page_size] when paged.
+struct Extent {
+  std::int64_t leading, rows;
+};
+Extent query_extent(const AttentionProblem& p) {
+  return p.sequences.ragged_q ? Extent{1, p.sequences.total_q} : Extent{p.batch, p.q_len};
+}
+Extent key_extent(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  return s.paged() ? Extent{s.num_pages, s.page_size} : s.ragged_k ? Extent{1, s.total_k} : Extent{p.batch, p.k_len};
+}
+
+// The rules of ragged and paged sequences (problem.sequences) and of the options they change.
+void check_sequences(const AttentionProblem& in, const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  constexpr std::int64_t kMaxRows = std::numeric_limits<std::int32_t>::max();  // cu_seqlens are int32
+  ATTNKIT_REQUIRE(s.total_q >= 0 && s.total_q <= kMaxRows, "sequences.total_q", "must be in [0, 2^31) (got " + str(s.total_q) + ")");
+  ATTNKIT_REQUIRE(s.total_k >= 0 && s.total_k <= kMaxRows, "sequences.total_k", "must be in [0, 2^31) (got " + str(s.total_k) + ")");
+  ATTNKIT_REQUIRE(s.ragged_q || s.total_q == 0, "sequences.total_q", "is set but sequences.ragged_q is false");
+  ATTNKIT_REQUIRE(s.ragged_k || s.total_k == 0, "sequences.total_k", "is set but sequences.ragged_k is false");
+  ATTNKIT_REQUIRE(s.page_size >= 0 && s.page_size <= kMaxRows, "sequences.page_size",
+                  "must be in [1, 2^31) for paged K/V, or 0 (got " + str(s.page_size) + ")");
+  ATTNKIT_REQUIRE(s.num_pages >= 0 && s.num_pages <= kMaxRows, "sequences.num_pages",
+                  "must be in [0, 2^31) (block-table entries are int32; got " + str(s.num_pages) + ")");
+  ATTNKIT_REQUIRE(s.max_pages_per_seq >= 0 && s.max_pages_per_seq <= kMaxRows, "sequences.max_pages_per_seq",
+                  "must be in [0, 2^31) (got " + str(s.max_pages_per_seq) + ")");
+  if (s.paged()) {
+    ATTNKIT_REQUIRE(!s.ragged_k, "sequences.ragged_k",
+                    "paged K/V take their key lengths from key_lengths (has_key_lengths), not from cu_seqlens_k");
+    ATTNKIT_REQUIRE(s.max_pages_per_seq >= 1, "sequences.max_pages_per_seq", "must be >= 1 for paged K/V");
+    ATTNKIT_REQUIRE(p.k_len <= s.max_pages_per_seq * s.page_size, "k_len",
+                    "= " + str(p.k_len) + " is more keys than max_pages_per_seq * page_size = " +
+                        str(s.max_pages_per_seq) + " * " + str(s.page_size) + " pages hold");
+    ATTNKIT_REQUIRE(checked_extent_product({p.batch, s.max_pages_per_seq}).has_value(), "sequences.max_pages_per_seq",
+                    "batch * max_pages_per_seq (the block table's entries) does not fit int64");
+  } else {
+    ATTNKIT_REQUIRE(s.num_pages == 0 && s.max_pages_per_seq == 0, "sequences.page_size",
+                    "is 0 (not paged) but num_pages or max_pages_per_seq is set");
+  }
+  if (s.ragged_k) {
+    ATTNKIT_REQUIRE(!p.has_key_lengths, "has_key_lengths",
+                    "ragged keys take their lengths from cu_seqlens_k: no key_lengths with sequences.ragged_k");
+  }
+  if (!s.any()) return;
+  ATTNKIT_REQUIRE(!in.causal_offset.has_value(), "causal_offset",
+                  "must be unset with ragged or paged sequences: causal is bottom-right per sequence (per-batch "
+                  "offsets: has_causal_offsets)");
+  ATTNKIT_REQUIRE(!p.has_mask || !(s.ragged_q || s.ragged_k), "has_mask",
+                  "an additive mask is not supported with ragged sequences (its [b, h, i, j] rows would not match "
+                  "packed rows)");
+  const Extent qe = query_extent(p), ke = key_extent(p);
+  const std::int64_t dim = std::max(p.head_dim, p.v_head_dim);
+  ATTNKIT_REQUIRE(checked_extent_product({qe.leading, p.heads, qe.rows, dim}).has_value(), "sequences.total_q",
+                  "total_q * heads * max(head_dim, v_head_dim) does not fit int64");
+  ATTNKIT_REQUIRE(checked_extent_product({ke.leading, p.kv_heads, ke.rows, dim}).has_value(),
+                  s.paged() ? "sequences.num_pages" : "sequences.total_k",
+                  "the K/V rows times kv_heads * max(head_dim, v_head_dim) do not fit int64");
+}
+
+// A ragged batch's cumulative lengths: non-decreasing from cu[0] >= 0, each sequence at most `longest`, the last
+// entry within the packed tensor's `total` rows.
+void check_cu_seqlens(const char* name, const std::int32_t* cu, std::int64_t batch, std::int64_t longest,
+                      std::int64_t total, const char* longest_name, const char* total_name) {
+  ATTNKIT_REQUIRE(cu[0] >= 0, std::string(name) + "[0]", "= " + str(cu[0]) + " must be >= 0");
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = static_cast<std::int64_t>(cu[b + 1]) - cu[b];
+    ATTNKIT_REQUIRE(n >= 0, std::string(name) + "[" + str(b + 1) + "]",
+                    "= " + str(cu[b + 1]) + " is below the entry before it (" + str(cu[b]) + "): must not decrease");
+    ATTNKIT_REQUIRE(n <= longest, std::string(name) + "[" + str(b + 1) + "]",
+                    "makes sequence " + str(b) + " " + str(n) + " rows long, more than " + longest_name + " = " +
+                        str(longest));
+  }
+  ATTNKIT_REQUIRE(cu[batch] <= total, std::string(name) + "[" + str(batch) + "]",
+                  "= " + str(cu[batch]) + " is past the " + str(total) + " rows of " + total_name);
+}
+
+// The block-table entries each sequence's keys reach: within [0, num_pages).
+void check_block_table(const AttentionProblem& p, const AttentionArgs& a) {
+  const SequenceLayout& s = p.sequences;
+  const auto* table = static_cast<const std::int32_t*>(a.block_table.data);
+  const auto* lengths = p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data) : nullptr;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t keys = lengths != nullptr ? lengths[b] : p.k_len;
+    const std::int64_t pages = (keys + s.page_size - 1) / s.page_size;
+    for (std::int64_t i = 0; i < pages; ++i) {
+      const std::int64_t at = b * s.max_pages_per_seq + i;
+      ATTNKIT_REQUIRE(table[at] >= 0 && table[at] < s.num_pages, "block_table[" + str(at) + "]",
+                      "= " + str(table[at]) + " (sequence " + str(b) + ", page " + str(i) +
+                          ") is outside [0, num_pages = " + str(s.num_pages) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 void check_config(int threads, Backend backend, const std::string& prefix) {
@@ -241,26 +335,29 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
   check_storage(p.k_storage, p.k, "k");
   check_storage(p.v_storage, p.v, "v");
   check_sizes(p);
+  check_sequences(in, p);
+  if (p.sequences.any()) p.causal_offset = 0;  // (per sequence: SequenceAccess)
+  const Extent qe = query_extent(p), ke = key_extent(p);
 
   check_layout_signs(p.q, "q");
   check_layout_signs(p.k, "k");
   check_layout_signs(p.v, "v");
   check_layout_signs(p.o, "o");
-  if (p.q_len > 1) ATTNKIT_REQUIRE(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
+  if (qe.rows > 1) ATTNKIT_REQUIRE(p.q.row_stride >= 1, "q.row_stride", "must be >= 1 when q_len > 1");
   if (p.has_mask) check_layout_signs(p.mask, "mask");
   if (p.return_lse) check_layout_signs(p.lse, "lse");
   // The index rule, before any work: every index a layout reaches fits int64 (check_args computes the same
   // spans again against the buffers; here they are computed for their overflow checks only).
-  index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim, "q");
-  index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim, "k");
-  index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim, "v");
-  index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  index_span(p.q, qe.leading, p.heads, qe.rows, p.head_dim, "q");
+  index_span(p.k, ke.leading, p.kv_heads, ke.rows, p.head_dim, "k");
+  index_span(p.v, ke.leading, p.kv_heads, ke.rows, p.v_head_dim, "v");
+  index_span(p.o, qe.leading, p.heads, qe.rows, p.v_head_dim, "o");
   if (p.has_mask) index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len, "mask");
   if (p.return_lse) {
-    index_span(p.lse, p.batch, p.heads, p.q_len, 1, "lse");
-    check_no_self_overlap(p.lse, p.batch, p.heads, p.q_len, 1, "lse");
+    index_span(p.lse, qe.leading, p.heads, qe.rows, 1, "lse");
+    check_no_self_overlap(p.lse, qe.leading, p.heads, qe.rows, 1, "lse");
   }
-  check_no_self_overlap(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  check_no_self_overlap(p.o, qe.leading, p.heads, qe.rows, p.v_head_dim, "o");
   return p;
 }
 
@@ -270,12 +367,18 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   const std::int64_t k_bits = kv_value_bits(p.k_storage.type, p.dtype);
   const std::int64_t v_bits = kv_value_bits(p.v_storage.type, p.dtype);
   const std::int64_t mask_bits = static_cast<std::int64_t>(dtype_size(p.mask_dtype)) * 8;
-  const IndexSpan q = index_span(p.q, p.batch, p.heads, p.q_len, p.head_dim, "q");
-  const IndexSpan k = index_span(p.k, p.batch, p.kv_heads, p.k_len, p.head_dim, "k");
-  const IndexSpan v = index_span(p.v, p.batch, p.kv_heads, p.k_len, p.v_head_dim, "v");
-  const IndexSpan o = index_span(p.o, p.batch, p.heads, p.q_len, p.v_head_dim, "o");
+  const Extent qe = query_extent(p), ke = key_extent(p);
+  const IndexSpan q = index_span(p.q, qe.leading, p.heads, qe.rows, p.head_dim, "q");
+  const IndexSpan k = index_span(p.k, ke.leading, p.kv_heads, ke.rows, p.head_dim, "k");
+  const IndexSpan v = index_span(p.v, ke.leading, p.kv_heads, ke.rows, p.v_head_dim, "v");
+  const IndexSpan o = index_span(p.o, qe.leading, p.heads, qe.rows, p.v_head_dim, "o");
   const IndexSpan mask = p.has_mask ? index_span(p.mask, p.batch, p.heads, p.q_len, p.k_len, "mask") : IndexSpan{};
-  const IndexSpan lse = p.return_lse ? index_span(p.lse, p.batch, p.heads, p.q_len, 1, "lse") : IndexSpan{};
+  const IndexSpan lse = p.return_lse ? index_span(p.lse, qe.leading, p.heads, qe.rows, 1, "lse") : IndexSpan{};
+  const SequenceLayout& seq = p.sequences;
+  const IndexSpan cu_q = seq.ragged_q ? IndexSpan{0, p.batch} : IndexSpan{};
+  const IndexSpan cu_k = seq.ragged_k ? IndexSpan{0, p.batch} : IndexSpan{};
+  const IndexSpan table =
+      seq.paged() && p.batch > 0 ? IndexSpan{0, p.batch * seq.max_pages_per_seq - 1} : IndexSpan{};
   const IndexSpan lengths = p.has_key_lengths && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
   const IndexSpan sink = p.has_head_sink ? IndexSpan{0, p.heads - 1} : IndexSpan{};
   const IndexSpan offsets = p.has_causal_offsets && p.batch > 0 ? IndexSpan{0, p.batch - 1} : IndexSpan{};
@@ -302,6 +405,16 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
   ATTNKIT_REQUIRE(p.has_causal_offsets || a.causal_offsets.data == nullptr, "causal_offsets",
           "a causal-offset buffer was given but problem.has_causal_offsets is false");
   check_buffer("causal_offsets", a.causal_offsets.data, a.causal_offsets.elements, 32, offsets);
+  const std::pair<const char*, bool> sequence_arrays[] = {
+      {"cu_seqlens_q", seq.ragged_q}, {"cu_seqlens_k", seq.ragged_k}, {"block_table", seq.paged()}};
+  const ConstBuffer* sequence_buffers[] = {&a.cu_seqlens_q, &a.cu_seqlens_k, &a.block_table};
+  const IndexSpan sequence_spans[] = {cu_q, cu_k, table};
+  for (int i = 0; i < 3; ++i) {
+    const auto& [name, wanted] = sequence_arrays[i];
+    ATTNKIT_REQUIRE(wanted || sequence_buffers[i]->data == nullptr, name,
+                    "a buffer was given but problem.sequences does not ask for it");
+    check_buffer(name, sequence_buffers[i]->data, sequence_buffers[i]->elements, 32, sequence_spans[i]);
+  }
   ATTNKIT_REQUIRE(p.return_lse || a.lse.data == nullptr, "lse", "an lse buffer was given but problem.return_lse is false");
   check_buffer("lse", a.lse.data, a.lse.elements, 32, lse);
   if (a.scratch != nullptr) {
@@ -317,11 +430,25 @@ void check_args(const AttentionProblem& p, const AttentionArgs& a, std::size_t s
               "= " + str(len[b]) + " is outside [0, k_len = " + str(p.k_len) + "]");
     }
   }
+  if (host_key_lengths) {  // (the sequence arrays live where the key lengths do)
+    if (seq.ragged_q) {
+      check_cu_seqlens("cu_seqlens_q", static_cast<const std::int32_t*>(a.cu_seqlens_q.data), p.batch, p.q_len,
+                       seq.total_q, "q_len", "sequences.total_q");
+    }
+    if (seq.ragged_k) {
+      check_cu_seqlens("cu_seqlens_k", static_cast<const std::int32_t*>(a.cu_seqlens_k.data), p.batch, p.k_len,
+                       seq.total_k, "k_len", "sequences.total_k");
+    }
+    if (seq.paged()) check_block_table(p, a);
+  }
 
   // A plan's scratch is far below 2^63 bytes (the size rule bounds what it counts); clamped all the same.
   const auto scratch_last = static_cast<std::int64_t>(std::min<std::size_t>(scratch_needed, kInt64Max) - 1);
   const IndexSpan scratch = a.scratch != nullptr && scratch_needed > 0 ? IndexSpan{0, scratch_last} : IndexSpan{};
-  const std::array<Region, 12> regions{
+  const std::array<Region, 15> regions{
+      Region{"cu_seqlens_q", a.cu_seqlens_q.data, cu_q, 32, false},
+      Region{"cu_seqlens_k", a.cu_seqlens_k.data, cu_k, 32, false},
+      Region{"block_table", a.block_table.data, table, 32, false},
       Region{"q", a.q.data, q, bits, false},
       Region{"k", a.k.data, k, k_bits, false},
       Region{"v", a.v.data, v, v_bits, false},

@@ -15,7 +15,8 @@ namespace attnkit::core {
 AttentionProblem normalize_and_check(const AttentionProblem& problem);
 
 // Checks a run's buffers against a normalised problem: null pointers, extents, output/input overlap,
-// key-length values (when `host_key_lengths`: a device backend checks them on the device), scratch size.
+// key-length, cu_seqlens and block-table values (when `host_key_lengths`: a device backend checks them on the
+// device), scratch size.
 // Throws Error before anything is written.
 void check_args(const AttentionProblem& problem, const AttentionArgs& args, std::size_t scratch_needed,
                 bool host_key_lengths = true);

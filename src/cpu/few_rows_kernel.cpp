@@ -197,17 +197,15 @@ RowsSetup set_up_rows(const ItemJob& job) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const Workspace& w = *job.ws;
-  const core::VisibilityRule rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.for_batch(
-      static_cast<const std::int32_t*>(a.causal_offsets.data), job.b);
-  const std::int64_t key_length =
-      p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data)[job.b] : p.k_len;
+  const core::VisibilityRule& rule = job.seq.rule;
+  const std::int64_t key_length = job.seq.key_length;
   RowsSetup rs{};
   rs.union_begin = job.key_end;
   rs.union_end = job.key_begin;
   for (std::int64_t r = 0; r < job.rows; ++r) {
     const std::int64_t pair = job.first_row + r;
-    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
-    const std::int64_t i = pair % p.q_len;
+    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
+    const std::int64_t i = pair % job.seq.queries;
     rs.head[r] = h;
     rs.query[r] = i;
     const core::KeyRange range = rule.for_row(i, key_length);
@@ -217,7 +215,7 @@ RowsSetup set_up_rows(const ItemJob& job) {
       rs.union_begin = std::min(rs.union_begin, rs.begin[r]);
       rs.union_end = std::max(rs.union_end, rs.end[r]);
     }
-    const std::int64_t q_index = p.q.index(job.b, h, i);
+    const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, p.head_dim, w.qrows + r * p.head_dim);
     w.max[r] = core::kNegInf;
@@ -288,6 +286,13 @@ void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0
   w.alpha[r] = alpha;
 }
 
+// Whether the few-rows items copy each tile's K/V rows into the workspace: a quantized cache (dequantized), or
+// pages that do not hold whole key tiles (a tile's keys are then not one strided run).
+bool gathers_kv_rows(const AttentionProblem& p) {
+  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  return quantized || (p.sequences.paged() && p.sequences.page_size % kKeyTile != 0);
+}
+
 // Where a tile's K and V rows are: in place (float types) or dequantized into the workspace (int8 / int4).
 template <class T>
 struct TileRows {
@@ -304,7 +309,8 @@ void run_rows(const ItemJob& job, const RowsSetup& rs) {
   const Workspace& w = *job.ws;
   const std::int64_t dim = p.head_dim;
   const std::int64_t dv = p.v_head_dim;
-  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
+  // K/V rows copied (widened, dequantized) into the workspace per tile: quantized, or pages shorter than a tile.
+  const bool gathered = gathers_kv_rows(p);
   const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
   const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
   // bfloat16 scores by vdpbf16ps where the CPU has it, from the query rows as given (what qrows holds widened).
@@ -312,7 +318,8 @@ void run_rows(const ItemJob& job, const RowsSetup& rs) {
   const std::uint16_t* q_bf16[kFewRows] = {};
   if (bf16_dot) {
     for (int r = 0; r < R; ++r) {
-      q_bf16[r] = static_cast<const std::uint16_t*>(a.q.data) + p.q.index(job.b, rs.head[r], rs.query[r]);
+      q_bf16[r] = static_cast<const std::uint16_t*>(a.q.data) +
+                  job.seqs->query_index(p.q, job.seq, job.b, rs.head[r], rs.query[r]);
     }
   }
   const std::int64_t first_tile = rs.union_begin < rs.union_end ? rs.union_begin / kKeyTile * kKeyTile : rs.union_end;
@@ -320,18 +327,21 @@ void run_rows(const ItemJob& job, const RowsSetup& rs) {
     const std::int64_t k0 = std::max(t0, rs.union_begin);
     const std::int64_t n = std::min(t0 + kKeyTile, rs.union_end) - k0;
     TileRows<T> tile{};
+    const core::SequenceAccess& seqs = *job.seqs;
     if constexpr (std::is_same_v<T, float>) {
-      if (quantized) {
+      if (gathered) {
         for (std::int64_t j = 0; j < n; ++j) {
-          widen_kv_row(a.k.data, p.k.index(job.b, job.kvh, k0 + j), p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
-          widen_kv_row(a.v.data, p.v.index(job.b, job.kvh, k0 + j), p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
+          widen_kv_row(a.k.data, seqs.key_index(p.k, job.seq, job.b, job.kvh, k0 + j), p.k_storage, p.dtype, dim,
+                       k_scales, w.kbuf + j * dim);
+          widen_kv_row(a.v.data, seqs.key_index(p.v, job.seq, job.b, job.kvh, k0 + j), p.v_storage, p.dtype, dv,
+                       v_scales, w.vbuf + j * dv);
         }
         tile = {w.kbuf, dim, w.vbuf, dv};
       }
     }
-    if (!quantized) {
-      tile = {static_cast<const T*>(a.k.data) + p.k.index(job.b, job.kvh, k0), p.k.row_stride,
-              static_cast<const T*>(a.v.data) + p.v.index(job.b, job.kvh, k0), p.v.row_stride};
+    if (!gathered) {  // the tile's keys are one run (a page holds whole tiles): read in place
+      tile = {static_cast<const T*>(a.k.data) + seqs.key_index(p.k, job.seq, job.b, job.kvh, k0), p.k.row_stride,
+              static_cast<const T*>(a.v.data) + seqs.key_index(p.v, job.seq, job.b, job.kvh, k0), p.v.row_stride};
     }
     if (bf16_dot) {
       score_tile_bf16_dpbf16(q_bf16, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w.st,
@@ -359,8 +369,7 @@ void run_typed(const ItemJob& job, const RowsSetup& rs) {
 void run_few_rows_item(const ItemJob& job) {
   const AttentionProblem& p = *job.problem;
   const RowsSetup rs = set_up_rows(job);
-  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  if (quantized || p.dtype == DType::f32) {
+  if (gathers_kv_rows(p) || p.dtype == DType::f32) {
     run_typed<float>(job, rs);
   } else if (p.dtype == DType::f16) {
     run_typed<hwy::float16_t>(job, rs);

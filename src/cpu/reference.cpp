@@ -3,6 +3,7 @@
 #include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
+#include "../core/sequences.hpp"
 #include "../core/visibility.hpp"
 
 #include <cmath>
@@ -13,9 +14,8 @@ namespace attnkit::cpu {
 ReferenceResult reference_attention(const AttentionProblem& p, const AttentionArgs& a) {
   const std::int64_t group = p.heads / p.kv_heads;
   const std::int64_t dv = p.v_head_dim;
-  const core::VisibilityRule base_rule{p.causal, *p.causal_offset, p.window.value_or(0)};
+  const core::SequenceAccess seqs = core::sequence_access(p, a);
   const core::ScoreTransform transform{*p.scale, p.softcap.value_or(0.0f)};
-  const auto* key_lengths = static_cast<const std::int32_t*>(a.key_lengths.data);
   const auto* k_scales = static_cast<const float*>(a.k_scale.data);
   const auto* v_scales = static_cast<const float*>(a.v_scale.data);
   const auto* sinks = static_cast<const float*>(a.head_sink.data);
@@ -28,12 +28,12 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
   r.lse.assign(static_cast<std::size_t>(p.batch * p.heads * p.q_len), 0.0);
   std::vector<double> scores;
   for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int64_t key_length = p.has_key_lengths ? key_lengths[b] : p.k_len;
-    const core::VisibilityRule rule = base_rule.for_batch(static_cast<const std::int32_t*>(a.causal_offsets.data), b);
+    const core::SequenceRows seq = seqs.rows_of(b);
     for (std::int64_t h = 0; h < p.heads; ++h) {
       const std::int64_t kvh = h / group;
-      for (std::int64_t i = 0; i < p.q_len; ++i) {
-        const core::KeyRange range = rule.for_row(i, key_length);
+      for (std::int64_t i = 0; i < seq.queries; ++i) {
+        const core::KeyRange range = seq.rule.for_row(i, seq.key_length);
+        const std::int64_t q_row = seqs.query_index(p.q, seq, b, h, i);
         const std::int64_t n = range.empty() ? 0 : range.end - range.begin;
         scores.assign(static_cast<std::size_t>(n), -kInf);
         bool poisoned = false;
@@ -41,8 +41,8 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
         for (std::int64_t j = range.begin; j < range.begin + n; ++j) {
           double dot = 0.0;
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
-            dot += static_cast<double>(load_as_float(a.q.data, p.dtype, p.q.index(b, h, i) + d)) *
-                   static_cast<double>(core::load_kv(a.k.data, p.k_storage, p.dtype, p.k.index(b, kvh, j) + d,
+            dot += static_cast<double>(load_as_float(a.q.data, p.dtype, q_row + d)) *
+                   static_cast<double>(core::load_kv(a.k.data, p.k_storage, p.dtype, seqs.key_index(p.k, seq, b, kvh, j) + d,
                                                      k_scales, kvh, p.head_dim, d));
           }
           double s = transform.apply(dot);
@@ -79,7 +79,7 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
         for (std::int64_t j = 0; j < n; ++j) {
           const double w = scores[static_cast<std::size_t>(j)] / denominator;
           if (w == 0.0) continue;  // a hidden key has weight exactly 0: its V is never read
-          const std::int64_t vrow = p.v.index(b, kvh, range.begin + j);
+          const std::int64_t vrow = seqs.key_index(p.v, seq, b, kvh, range.begin + j);
           for (std::int64_t d = 0; d < dv; ++d) {
             out[d] += w * static_cast<double>(core::load_kv(a.v.data, p.v_storage, p.dtype, vrow + d, v_scales, kvh,
                                                             dv, d));
@@ -95,16 +95,21 @@ ReferenceResult reference_attention(const AttentionProblem& p, const AttentionAr
 void run_reference(const AttentionProblem& p, const AttentionArgs& a) {
   if (p.batch == 0 || p.q_len == 0) return;  // no output row (and batch * heads may be any size)
   const ReferenceResult r = reference_attention(p, a);
+  const core::SequenceAccess seqs = core::sequence_access(p, a);
   const std::int64_t dv = p.v_head_dim;
   for (std::int64_t b = 0; b < p.batch; ++b) {
+    const core::SequenceRows seq = seqs.rows_of(b);
     for (std::int64_t h = 0; h < p.heads; ++h) {
-      for (std::int64_t i = 0; i < p.q_len; ++i) {
+      for (std::int64_t i = 0; i < seq.queries; ++i) {
         const std::size_t row = static_cast<std::size_t>((b * p.heads + h) * p.q_len + i);
+        const std::int64_t o_row = seqs.query_index(p.o, seq, b, h, i);
         for (std::int64_t d = 0; d < dv; ++d) {
-          store_from_float(a.o.data, p.dtype, p.o.index(b, h, i) + d,
+          store_from_float(a.o.data, p.dtype, o_row + d,
                            static_cast<float>(r.out[row * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d)]));
         }
-        if (p.return_lse) static_cast<float*>(a.lse.data)[p.lse.index(b, h, i)] = static_cast<float>(r.lse[row]);
+        if (p.return_lse) {
+          static_cast<float*>(a.lse.data)[seqs.query_index(p.lse, seq, b, h, i)] = static_cast<float>(r.lse[row]);
+        }
       }
     }
   }

@@ -46,8 +46,8 @@ ItemIndex decode_item(const AttentionProblem& p, const TiledPlan& plan, std::int
   return ix;
 }
 
-ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const TiledPlan& plan, ItemIndex ix,
-                 const Workspace* ws) {
+ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::SequenceAccess& seqs,
+                 const TiledPlan& plan, ItemIndex ix, const Workspace* ws) {
   ItemJob job{};
   job.problem = &p;
   job.args = &a;
@@ -55,8 +55,11 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const TiledP
   job.b = ix.b;
   job.kvh = ix.kvh;
   job.group = plan.group;
+  job.seqs = &seqs;
+  job.seq = seqs.rows_of(ix.b);
   job.first_row = ix.block * kRowBlock;
-  job.rows = std::min(kRowBlock, plan.group_rows - job.first_row);
+  // (a ragged entry's shorter query run leaves the plan's last row blocks of it empty)
+  job.rows = std::max<std::int64_t>(0, std::min(kRowBlock, plan.group * job.seq.queries - job.first_row));
   job.key_begin = ix.split * plan.split_keys;
   job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
   return job;
@@ -173,6 +176,7 @@ std::string describe(const TiledPlan& plan) {
 
 void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPlan& plan, std::byte* scratch) {
   if (plan.items == 0) return;
+  const core::SequenceAccess seqs = core::sequence_access(p, a);
   std::byte* partials = scratch + static_cast<std::size_t>(plan.threads) * plan.workspace_bytes;
   auto workspace = [&](int thread) {
     Workspace w{};
@@ -180,13 +184,14 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     return w;
   };
   auto item_cost = [&](std::int64_t item) {
-    const ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), nullptr);
+    const ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), nullptr);
     return 4 * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;
   };
 
   auto run_item = [&](std::int64_t item) {
     const Workspace w = workspace(omp_get_thread_num());
-    ItemJob job = make_job(p, a, plan, decode_item(p, plan, item), &w);
+    ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), &w);
+    if (job.rows == 0) return;
     if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
     if (job.rows <= kFewRows) {
       run_few_rows_dispatched(job);
@@ -196,7 +201,8 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   };
   auto merge_block = [&](std::int64_t block) {
     const Workspace w = workspace(omp_get_thread_num());
-    const ItemJob job = make_job(p, a, plan, decode_item(p, plan, block * plan.splits), &w);
+    const ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, block * plan.splits), &w);
+    if (job.rows == 0) return;
     const auto* first = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(block * plan.splits) * plan.partial_bytes);
     merge_partials(plan, job.rows, p.v_head_dim, first, w);
     finish_rows_dispatched(job);

@@ -174,8 +174,8 @@ void finish_rows(const ItemJob& job) {
   const std::size_t es = dtype_size(p.dtype);
   for (std::int64_t r = 0; r < job.rows; ++r) {
     const std::int64_t pair = job.first_row + r;
-    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
-    const std::int64_t i = pair % p.q_len;
+    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
+    const std::int64_t i = pair % job.seq.queries;
     const core::RowState state{w.max[r], w.sum[r], w.poison[r] != 0.0f};
     const core::RowFinish fin = core::finish_row(state, p.has_head_sink, p.has_head_sink ? sinks[h] : 0.0f,
                                                  p.masked_rows);
@@ -183,8 +183,8 @@ void finish_rows(const ItemJob& job) {
       w.row[d] = fin.acc_scale == 0.0f ? 0.0f : w.ot[d * kRowBlock + r] * fin.acc_scale;
     }
     narrow_row(w.row, p.dtype, dv,
-               static_cast<char*>(a.o.data) + p.o.index(job.b, h, i) * static_cast<std::int64_t>(es));
-    if (p.return_lse) static_cast<float*>(a.lse.data)[p.lse.index(job.b, h, i)] = fin.lse;
+               static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * static_cast<std::int64_t>(es));
+    if (p.return_lse) static_cast<float*>(a.lse.data)[job.seqs->query_index(p.lse, job.seq, job.b, h, i)] = fin.lse;
   }
 }
 
@@ -201,10 +201,8 @@ void run_item(const ItemJob& job) {
   const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
   const std::int64_t dim = p.head_dim;
   const std::int64_t dv = p.v_head_dim;
-  const core::VisibilityRule rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.for_batch(
-      static_cast<const std::int32_t*>(a.causal_offsets.data), job.b);
-  const std::int64_t key_length =
-      p.has_key_lengths ? static_cast<const std::int32_t*>(a.key_lengths.data)[job.b] : p.k_len;
+  const core::VisibilityRule& rule = job.seq.rule;
+  const std::int64_t key_length = job.seq.key_length;
 
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
   std::int64_t union_begin = job.key_end;
@@ -217,8 +215,8 @@ void run_item(const ItemJob& job) {
       continue;
     }
     const std::int64_t pair = job.first_row + r;
-    const std::int64_t h = job.kvh * job.group + pair / p.q_len;
-    const std::int64_t i = pair % p.q_len;
+    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
+    const std::int64_t i = pair % job.seq.queries;
     w.head[r] = h;
     w.query[r] = i;
     if (h != w.head[0]) single_head = false;
@@ -231,7 +229,7 @@ void run_item(const ItemJob& job) {
       union_begin = std::min(union_begin, begin);
       union_end = std::max(union_end, end);
     }
-    const std::int64_t q_index = p.q.index(job.b, h, i);
+    const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
@@ -272,8 +270,8 @@ void run_item(const ItemJob& job) {
     for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
 
     for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t krow = p.k.index(job.b, job.kvh, k0 + j);
-      const std::int64_t vrow = p.v.index(job.b, job.kvh, k0 + j);
+      const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
+      const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
       if (k_in_place && v_in_place) {
         w.krow[j] = static_cast<const float*>(a.k.data) + krow;
         w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;

@@ -2,6 +2,7 @@
 // tiled_driver.cpp: planning, the thread loop, the split-K merge and the output write).
 #pragma once
 
+#include "../core/sequences.hpp"
 #include "tiled_kernel.hpp"
 
 #include <cstddef>
@@ -45,8 +46,10 @@ struct ItemJob {
   std::int64_t b;
   std::int64_t kvh;
   std::int64_t group;      // query heads per K/V head
-  std::int64_t first_row;  // first (head-in-group, query) pair: pair = g * q_len + i
-  std::int64_t rows;       // pairs in this item (<= kRowBlock)
+  const core::SequenceAccess* seqs;  // where the rows of every batch entry are
+  core::SequenceRows seq;            // batch entry b's: its queries, key length and visibility rule
+  std::int64_t first_row;  // first (head-in-group, query) pair: pair = g * seq.queries + i
+  std::int64_t rows;       // pairs in this item (<= kRowBlock; 0: past this entry's queries, nothing to do)
   std::int64_t key_begin;  // key range of this item
   std::int64_t key_end;
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
