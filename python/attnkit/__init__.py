@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from . import _attnkit
 
-__all__ = ["attention", "group_query_attention", "available_backends", "__version__"]
+__all__ = ["attention", "attention_varlen", "group_query_attention", "available_backends", "__version__"]
 
 __version__: str = _attnkit.__version__
 
@@ -228,6 +228,8 @@ def attention(
     threads: Optional[int] = None,
     backend: str = "auto",
     plan: str = "",
+    block_table: Any = None,
+    kv_layout: str = "nhd",
 ) -> Union[Any, Tuple[Any, Any]]:
     """Fused attention: ``O = softmax(scale * Q K^T + mask) V`` for every batch entry and head.
 
@@ -275,6 +277,12 @@ def attention(
             the plan's own choices. A bad name raises ValueError. With torch tensors a non-empty ``plan`` calls
             the binding directly (eager and CUDA-graph capture; not through the torch custom op, so not under
             ``torch.compile``).
+        block_table: int32 ``[B, max_pages_per_seq]``: K and V are a paged cache, ``k`` and ``v`` its pages
+            ``[num_pages, page_size, Hkv, D]`` (``kv_layout="nhd"``) or ``[num_pages, Hkv, page_size, D]``
+            (``"hnd"``); key ``j`` of batch entry ``b`` is row ``j % page_size`` of page
+            ``block_table[b, j // page_size]``. ``key_lengths`` gives each entry's keys (default: every page
+            of its row); causal is bottom-right per entry. Host arrays only so far (the CPU backends); no mask.
+        kv_layout: the pages' axis order with ``block_table``: ``"nhd"`` or ``"hnd"``.
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
             ``"reference"`` (float64, slow: the oracle of the tests), ``"cuda"`` (CUDA arrays only) or
             ``"vulkan"`` (host arrays, uploaded to the first Vulkan GPU, else a CPU Vulkan device, and copied back).
@@ -287,6 +295,9 @@ def attention(
         ValueError: a shape, stride, device or option is not accepted; the message is the library's
             (``"argument: rule"``). Nothing is written.
     """
+    if block_table is not None:
+        return _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale,
+                                masked_rows, return_lse, out, layout, head_sink, threads, backend, mask, kv_layout)
     if _is_torch_tensor(q) and not plan:  # (plan overrides, for benchmarks: the binding itself, eager calls only)
         ops = _TORCH_OPS or _load_torch_ops()
         # The common call (every option of its plain type) without the checks below: a small eager call's cost is
@@ -326,6 +337,103 @@ def attention(
         None,
         str(plan),
     )
+    return (o, lse) if return_lse else o
+
+
+def _swap_seq_heads(x: Any) -> Any:
+    """A view of a 4-D array with axes 1 and 2 swapped (``[B, H, S, D]`` <-> ``[B, S, H, D]``)."""
+    if x is None:
+        return None
+    if _is_torch_tensor(x):
+        return x.transpose(1, 2)
+    import numpy as np
+
+    return np.swapaxes(x, 1, 2)
+
+
+def _index_array(x: Any) -> Any:
+    """An int64 index array (NumPy or torch, on the host) as int32; others as they are (the binding checks)."""
+    if _is_torch_tensor(x) and str(x.dtype) == "torch.int64" and not x.is_cuda:
+        import torch
+
+        return x.clamp(-1, 2**31 - 1).to(torch.int32)
+    return _host_int32(x)
+
+
+def _run_sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, max_q, max_k, causal, window, softcap, scale,
+                   masked_rows, return_lse, out, head_sink, threads, backend, kv_layout):
+    return _attnkit.attention_sequences(
+        q, k, v, _index_array(cu_q), _index_array(cu_k), _index_array(block_table), _index_array(key_lengths), head_sink,
+        operator.index(max_q), operator.index(max_k), bool(causal), _optional_int("window", window),
+        _optional_float("softcap", softcap), _optional_float("scale", scale),
+        _choice("masked_rows", masked_rows, ("nan", "zero")) == "zero", bool(return_lse), out,
+        _choice("kv_layout", kv_layout, ("nhd", "hnd")) == "hnd", _optional_int("threads", threads, _INT32),
+        _choice("backend", backend, ("auto", "cpu", "reference")), _allocator(q))
+
+
+def _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale, masked_rows,
+                     return_lse, out, layout, head_sink, threads, backend, mask, kv_layout):
+    if mask is not None:
+        raise ValueError("mask: is not supported with block_table (paged K/V)")
+    if causal_offset is not None:
+        raise ValueError("causal_offset: with block_table causal is bottom-right per batch entry; leave it unset")
+    bshd = _choice("layout", layout, ("bhsd", "bshd")) == "bshd"
+    qv = q if bshd else _swap_seq_heads(q)
+    ov = out if bshd or out is None else _swap_seq_heads(out)
+    o, lse = _run_sequences(qv, k, v, None, None, block_table, key_lengths, qv.shape[1], -1, causal, window, softcap,
+                            scale, masked_rows, return_lse, ov, head_sink, threads, backend, kv_layout)
+    o = o if bshd or out is not None else _swap_seq_heads(o)
+    o = out if out is not None else o
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    scale: Optional[float] = None,
+    head_sink: Any = None,
+    masked_rows: str = "nan",
+    return_lse: bool = False,
+    out: Any = None,
+    block_table: Any = None,
+    kv_layout: str = "nhd",
+    threads: Optional[int] = None,
+    backend: str = "auto",
+) -> Union[Any, Tuple[Any, Any]]:
+    """Attention over a ragged (packed) batch, in flash-attn's varlen convention.
+
+    Sequence ``b``'s queries are rows ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] - 1`` of ``q``
+    ``[total_q, H, D]``, its keys rows ``cu_seqlens_k[b]`` to ``cu_seqlens_k[b + 1] - 1`` of ``k`` / ``v``
+    ``[total_k, Hkv, D]`` (any strides with a contiguous last dimension). Causal is bottom-right per sequence
+    (its last query sees every key of its sequence). With ``block_table`` (int32 ``[B, max_pages_per_seq]``),
+    ``k`` and ``v`` are a paged cache instead (see :func:`attention`) and ``cu_seqlens_k`` gives each
+    sequence's key count. Returns ``out`` ``[total_q, H, Dv]`` (rows no sequence owns are not written), and
+    with ``return_lse`` the float32 LSE ``[H, total_q]``. Host arrays only so far (the CPU backends).
+
+    Raises:
+        TypeError: an argument is not an array, or has the wrong dtype.
+        ValueError: a shape, option or value (cu_seqlens not increasing, a sequence longer than its maximum, a
+            block-table entry past the pages) is not accepted; nothing is written.
+    """
+    key_lengths = None
+    if block_table is not None:
+        import numpy as np
+
+        cu_k = np.asarray(cu_seqlens_k).astype(np.int64)
+        key_lengths = np.diff(cu_k) if cu_k.ndim == 1 and cu_k.size > 0 else cu_k
+        cu_seqlens_k = None
+    o, lse = _run_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, key_lengths, max_seqlen_q,
+                            max_seqlen_k, causal, window, softcap, scale, masked_rows, return_lse, out, head_sink,
+                            threads, backend, kv_layout)
     return (o, lse) if return_lse else o
 
 

@@ -30,6 +30,31 @@ def attention(
 ) -> Tuple[Any, Optional[Any]]:
     """Runs the attention op; see attnkit.attention. Returns (out, lse or None)."""
 
+def attention_sequences(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    block_table: Any,
+    key_lengths: Any,
+    head_sink: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    window: Optional[int],
+    softcap: Optional[float],
+    scale: Optional[float],
+    masked_rows_zero: bool,
+    return_lse: bool,
+    out: Any,
+    hnd: bool,
+    threads: Optional[int],
+    backend: str,
+    alloc: Callable[[Tuple[int, ...], str], Any],
+) -> Tuple[Any, Optional[Any]]:
+    """Ragged batches and paged K/V (host arrays); see attnkit.attention_varlen. Returns (out, lse or None)."""
+
 def available_backends() -> list[str]:
     """Backends this build can run now, e.g. ['cpu', 'reference']."""
 

@@ -410,6 +410,7 @@ int run_cli(const std::vector<std::string>& args) {
 }  // namespace
 
 void register_gqa(nb::module_& m);  // gqa_binding.cpp: group_query_attention
+void register_sequences(nb::module_& m);  // sequences_binding.cpp: attention_varlen, paged K/V
 
 }  // namespace attnkit::python
 
@@ -448,4 +449,5 @@ NB_MODULE(_attnkit, m) {
   m.def("_cli", &run_cli, nb::arg("argv"),
         "Runs the attnkit command-line tool in-process (argv[0] is the program name); returns its exit code.");
   register_gqa(m);
+  register_sequences(m);
 }
