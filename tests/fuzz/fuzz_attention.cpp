@@ -98,6 +98,51 @@ long double work(const AttentionProblem& p) {
          (std::max<std::int64_t>(p.head_dim, 0) + std::max<std::int64_t>(p.v_head_dim, 0) + 1);
 }
 
+// Ragged and paged sequences (AttentionProblem::sequences), sometimes: edgy sizes, each tensor's rows as the
+// sequences lay them out.
+void draw_sequences(FuzzedDataProvider& in, AttentionProblem& p) {
+  SequenceLayout& s = p.sequences;
+  s.ragged_q = in.ConsumeBool();
+  if (s.ragged_q || in.ConsumeIntegralInRange<int>(0, 7) == 0) s.total_q = edgy_int(in, 0, 200);
+  const int keys = in.ConsumeIntegralInRange<int>(0, 2);  // 0: dense, 1: ragged, 2: paged
+  s.ragged_k = keys == 1 || in.ConsumeIntegralInRange<int>(0, 15) == 0;
+  if (s.ragged_k || in.ConsumeIntegralInRange<int>(0, 7) == 0) s.total_k = edgy_int(in, 0, 400);
+  if (keys == 2 || in.ConsumeIntegralInRange<int>(0, 15) == 0) {
+    s.page_size = edgy_int(in, 0, 70);
+    s.num_pages = edgy_int(in, 0, 40);
+    s.max_pages_per_seq = edgy_int(in, 0, 40);
+  }
+}
+
+// The rows of the queries' and the keys' tensors per leading index (what the layouts are drawn for).
+struct Rows {
+  std::int64_t leading, rows;
+};
+Rows query_rows(const AttentionProblem& p) {
+  return p.sequences.ragged_q ? Rows{1, p.sequences.total_q} : Rows{p.batch, p.q_len};
+}
+Rows key_rows(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  return s.paged() ? Rows{s.num_pages, s.page_size} : s.ragged_k ? Rows{1, s.total_k} : Rows{p.batch, p.k_len};
+}
+
+// A sequence array: as drawn (any values), or mostly valid ones (cu_seqlens rising by at most `step`; block-table
+// entries below `below`) so that runs get past the checks.
+Arg draw_sequence_array(FuzzedDataProvider& in, std::int64_t count, std::int64_t step, std::int64_t below, bool cumulative) {
+  Arg a = draw_arg(in, count, 32);
+  if (a.null || a.elements > count || !in.ConsumeBool()) return a;  // (past count: a stated size beyond memory)
+  auto* v = reinterpret_cast<std::int32_t*>(a.buffer.data());
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < a.elements; ++i) {
+    constexpr std::int64_t kTop = std::numeric_limits<std::int32_t>::max();
+    const std::int64_t most = std::clamp<std::int64_t>(cumulative ? step : below - 1, 0, kTop);
+    const std::int64_t x = in.ConsumeIntegralInRange<std::int64_t>(0, most);
+    at = std::min(cumulative ? (i == 0 ? 0 : at + x) : x, kTop);  // (both terms at most 2^31: no overflow)
+    v[i] = static_cast<std::int32_t>(at);
+  }
+  return a;
+}
+
 void run_one(FuzzedDataProvider& in) {
   AttentionProblem p;
   p.batch = edgy_int(in, 0, 3);
@@ -110,10 +155,12 @@ void run_one(FuzzedDataProvider& in) {
   p.dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(0, 3));
   const std::int64_t kvh = p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
-  p.q = draw_layout(in, p.heads, p.q_len, p.head_dim);
-  p.k = draw_layout(in, kvh, p.k_len, p.head_dim);
-  p.v = draw_layout(in, kvh, p.k_len, dv);
-  p.o = draw_layout(in, p.heads, p.q_len, dv);
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) draw_sequences(in, p);
+  const Rows qr = query_rows(p), kr = key_rows(p);
+  p.q = draw_layout(in, p.heads, qr.rows, p.head_dim);
+  p.k = draw_layout(in, kvh, kr.rows, p.head_dim);
+  p.v = draw_layout(in, kvh, kr.rows, dv);
+  p.o = draw_layout(in, p.heads, qr.rows, dv);
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     const auto quant = [&](KvStorage& s) {
       s.type = static_cast<KvType>(in.ConsumeIntegralInRange<int>(0, 3));
@@ -137,7 +184,7 @@ void run_one(FuzzedDataProvider& in) {
   p.has_head_sink = in.ConsumeIntegralInRange<int>(0, 3) == 0;
   p.masked_rows = static_cast<MaskedRows>(in.ConsumeIntegralInRange<int>(0, 2));
   p.return_lse = in.ConsumeBool();
-  if (p.return_lse) p.lse = draw_layout(in, p.heads, p.q_len, 1);
+  if (p.return_lse) p.lse = draw_layout(in, p.heads, qr.rows, 1);
   if (in.ConsumeIntegralInRange<int>(0, 7) == 0) p.work_budget = edgy_int(in, 0, 100000);
 
   AttentionConfig config;
@@ -149,16 +196,24 @@ void run_one(FuzzedDataProvider& in) {
   const auto kv_bits = [&](KvStorage s) {
     return s.type == KvType::Int8 ? 8 : s.type == KvType::Int4 ? 4 : bits;
   };
-  const Arg q = draw_arg(in, reach(p.q, p.batch, p.heads, p.q_len, p.head_dim), bits);
-  const Arg k = draw_arg(in, reach(p.k, p.batch, kvh, p.k_len, p.head_dim), kv_bits(p.k_storage));
-  const Arg v = draw_arg(in, reach(p.v, p.batch, kvh, p.k_len, dv), kv_bits(p.v_storage));
-  Arg o = draw_arg(in, reach(p.o, p.batch, p.heads, p.q_len, dv), bits);
+  const Arg q = draw_arg(in, reach(p.q, qr.leading, p.heads, qr.rows, p.head_dim), bits);
+  const Arg k = draw_arg(in, reach(p.k, kr.leading, kvh, kr.rows, p.head_dim), kv_bits(p.k_storage));
+  const Arg v = draw_arg(in, reach(p.v, kr.leading, kvh, kr.rows, dv), kv_bits(p.v_storage));
+  Arg o = draw_arg(in, reach(p.o, qr.leading, p.heads, qr.rows, dv), bits);
   const std::int64_t mask_bits = static_cast<std::int64_t>(dtype_size(p.mask_dtype)) * 8;
   const Arg mask = p.has_mask ? draw_arg(in, reach(p.mask, p.batch, p.heads, p.q_len, p.k_len), mask_bits) : Arg{};
   const Arg lengths = p.has_key_lengths ? draw_arg(in, p.batch, 32) : Arg{};
   const Arg offsets = p.has_causal_offsets ? draw_arg(in, p.batch, 32) : Arg{};
   const Arg sink = p.has_head_sink ? draw_arg(in, p.heads, 32) : Arg{};
-  Arg lse = p.return_lse ? draw_arg(in, reach(p.lse, p.batch, p.heads, p.q_len, 1), 32) : Arg{};
+  Arg lse = p.return_lse ? draw_arg(in, reach(p.lse, qr.leading, p.heads, qr.rows, 1), 32) : Arg{};
+  const SequenceLayout& seq = p.sequences;
+  const std::int64_t entries = std::min<std::int64_t>(std::max<std::int64_t>(p.batch, 0), kMaxElements);
+  const Arg cu_q = seq.ragged_q ? draw_sequence_array(in, entries + 1, p.q_len, 0, true) : Arg{};
+  const Arg cu_k = seq.ragged_k ? draw_sequence_array(in, entries + 1, p.k_len, 0, true) : Arg{};
+  const __int128 table_entries = static_cast<__int128>(entries) * std::max<std::int64_t>(seq.max_pages_per_seq, 0);
+  const Arg table = seq.paged() ? draw_sequence_array(in, table_entries > kMaxElements ? kMaxElements : static_cast<std::int64_t>(table_entries),
+                                                      0, seq.num_pages, false)
+                                : Arg{};
   const auto scales = [&](KvQuant quant, std::int64_t dim) {
     const __int128 count = quant == KvQuant::PerTensor ? 1 : static_cast<__int128>(kvh) * dim;
     return quant == KvQuant::None ? Arg{} : draw_arg(in, count > kMaxElements ? kMaxElements : static_cast<std::int64_t>(count), 32);
@@ -178,6 +233,9 @@ void run_one(FuzzedDataProvider& in) {
   a.lse = {const_cast<void*>(ptr(lse)), lse.elements};
   a.k_scale = {ptr(k_scale), k_scale.elements};
   a.v_scale = {ptr(v_scale), v_scale.elements};
+  a.cu_seqlens_q = {ptr(cu_q), cu_q.elements};
+  a.cu_seqlens_k = {ptr(cu_k), cu_k.elements};
+  a.block_table = {ptr(table), table.elements};
 
   const std::vector<std::byte> o_before = o.buffer.copy();
   const std::vector<std::byte> lse_before = lse.buffer.copy();
