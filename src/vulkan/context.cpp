@@ -154,7 +154,10 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
 
 std::mutex g_context_mutex;
 Options g_options;
-std::unique_ptr<Context> g_context;
+// Made on first use and never destroyed: a static destructor would run after the exit handlers that the
+// driver registered when the loader opened it (later, so they run first), and NVIDIA's driver has torn itself
+// down by then (the process crashed at exit on the H200). The process's end reclaims the device.
+Context* g_context = nullptr;
 bool g_context_failed = false;
 
 }  // namespace
@@ -367,7 +370,7 @@ Context& shared_context() {
   if (!g_context) {
     if (g_context_failed) throw Error("config.backend", "no usable Vulkan device");
     try {
-      g_context = std::make_unique<Context>(g_options);
+      g_context = new Context(g_options);
     } catch (...) {
       g_context_failed = true;
       throw;

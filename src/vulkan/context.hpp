@@ -1,6 +1,7 @@
 // The Vulkan backend's device context: instance (with the validation layers when asked), the chosen physical
 // device, a logical device with one compute queue, a command pool, the device's limits and the buffers and
-// pipelines made on it. One shared context per process (shared_context()); made on first use.
+// pipelines made on it. One shared context per process (shared_context()): made on first use, never destroyed
+// (context.cpp says why).
 #pragma once
 
 #include <attnkit/vulkan.hpp>
