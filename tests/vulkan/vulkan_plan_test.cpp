@@ -31,7 +31,16 @@ TEST(VulkanPlan, MatrixKernelOnlyWhereForced) {
   EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
   EXPECT_EQ(forced.tile_keys, 16);
   EXPECT_NE(describe(forced).find("forced"), std::string::npos);
-  EXPECT_THROW(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false), {"coopmat", 0}), Error);
+  // Forced on a device without matrices: the emulated build, with its per-thread scratch.
+  const VulkanPlan emulated = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false), {"coopmat", 0});
+  EXPECT_EQ(emulated.kernel, VulkanPlan::Kernel::CoopMatrix);
+  EXPECT_TRUE(emulated.emulated_matrices);
+  EXPECT_FALSE(forced.emulated_matrices);
+  EXPECT_GE(emulated.thread_scratch_bytes, static_cast<std::uint64_t>(emulated.per_launch * 128 * 32 * 4));
+  EXPECT_NE(describe(emulated).find("emulated"), std::string::npos) << describe(emulated);
+  VulkanTraits narrow = gpu(true);
+  narrow.subgroup_size = 64;
+  EXPECT_THROW(plan_for(problem(1, 12, 512, 512, 64, DType::f16), narrow, {"coopmat", 0}), Error);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false)).kernel, VulkanPlan::Kernel::Rows);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f32), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::bf16), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
