@@ -3,6 +3,8 @@
 #include <attnkit/error.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -154,8 +156,21 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
 
 std::mutex g_context_mutex;
 Options g_options;
-std::unique_ptr<Context> g_context;
+// Made on first use; destroyed by an exit handler registered once it is made. Not by a static destructor: that
+// one is registered at program start, so it runs after the exit handlers the driver registered when the loader
+// opened it (exit runs them newest first), and NVIDIA's driver has torn itself down by then (both Vulkan
+// binaries crashed at exit on the H200). Registered after the instance and device are made, the handler runs
+// before the driver's own.
+Context* g_context = nullptr;
 bool g_context_failed = false;
+std::atomic<bool> g_context_gone{false};
+
+void destroy_shared_context() {
+  std::lock_guard lock(g_context_mutex);
+  g_context_gone = true;
+  delete g_context;
+  g_context = nullptr;
+}
 
 }  // namespace
 
@@ -191,8 +206,10 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
+bool context_gone() { return g_context_gone; }
+
 Buffer::~Buffer() {
-  if (device_ == VK_NULL_HANDLE) return;
+  if (device_ == VK_NULL_HANDLE || context_gone()) return;  // (gone: destroyed with its device)
   if (buffer_ != VK_NULL_HANDLE) vkDestroyBuffer(device_, buffer_, nullptr);
   if (memory_ != VK_NULL_HANDLE) vkFreeMemory(device_, memory_, nullptr);
 }
@@ -366,12 +383,14 @@ Context& shared_context() {
   std::lock_guard lock(g_context_mutex);
   if (!g_context) {
     if (g_context_failed) throw Error("config.backend", "no usable Vulkan device");
+    if (g_context_gone) throw Error("config.backend", "the Vulkan backend's context is gone (the process is exiting)");
     try {
-      g_context = std::make_unique<Context>(g_options);
+      g_context = new Context(g_options);
     } catch (...) {
       g_context_failed = true;
       throw;
     }
+    std::atexit(destroy_shared_context);
   }
   return *g_context;
 }

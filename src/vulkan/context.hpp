@@ -1,6 +1,7 @@
 // The Vulkan backend's device context: instance (with the validation layers when asked), the chosen physical
 // device, a logical device with one compute queue, a command pool, the device's limits and the buffers and
-// pipelines made on it. One shared context per process (shared_context()); made on first use.
+// pipelines made on it. One shared context per process (shared_context()): made on first use, destroyed by an
+// exit handler (context.cpp says why).
 #pragma once
 
 #include <attnkit/vulkan.hpp>
@@ -106,6 +107,9 @@ class Context {
 Context& shared_context();
 // Whether a usable device exists (makes the context; false when making it fails).
 bool context_available();
+// True once the process's exit has destroyed the context (and with its device everything made on it): objects
+// that outlive it make no Vulkan call.
+bool context_gone();
 
 // The bindings of common.glsl: 0 the parameter block, 1..11 the storage buffers.
 inline constexpr std::uint32_t kStorageBindings = 11;

@@ -20,7 +20,7 @@ if(ATTNKIT_HAS_VULKAN)
   # name|source|defines: the scalar shaders in two builds (UNROLL_LOOPS for GPUs, loops kept for CPU devices).
   foreach(entry attention_rows|attention_rows| attention_rows_unrolled|attention_rows|-DUNROLL_LOOPS
                 split_merge|split_merge| split_merge_unrolled|split_merge|-DUNROLL_LOOPS
-                attention_coopmat|attention_coopmat|)
+                attention_coopmat|attention_coopmat| attention_coopmat_emulated|attention_coopmat|-DEMULATED_MATRICES)
     string(REPLACE "|" ";" parts "${entry}")
     list(GET parts 0 name)
     list(GET parts 1 shader)

@@ -116,6 +116,7 @@ Session::Session(const AttentionProblem& p, const PlanOverride& force) : ctx_(sh
 }
 
 Session::~Session() {
+  if (context_gone()) return;  // destroyed with the context's device at exit
   VkDevice d = ctx_.device();
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(d, fence_, nullptr);
   if (!commands_.empty()) vkFreeCommandBuffers(d, ctx_.command_pool(), static_cast<std::uint32_t>(commands_.size()), commands_.data());

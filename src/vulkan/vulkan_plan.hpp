@@ -24,6 +24,7 @@ struct VulkanPlan {
   std::string why;                // why this kernel (describe())
   int tile_keys = 32;             // keys per tile
   bool unrolled = true;           // the scalar shaders' unrolled build (GPUs); CPU devices keep loops
+  bool emulated_matrices = false; // coopmat's build without matrix instructions (devices that have none)
   std::int64_t group = 1;         // query heads per K/V head
   std::int64_t row_block = 64;    // rows per workgroup
   std::int64_t row_blocks = 0;    // per (batch, K/V head)

@@ -22,8 +22,25 @@ AttentionProblem problem(std::int64_t b, std::int64_t h, std::int64_t q, std::in
   return core::normalize_and_check(AttentionProblem::head_first(b, h, h, q, k, d, t));
 }
 
-TEST(VulkanPlan, MatrixKernelForFloat16WhereOffered) {
-  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true)).kernel, VulkanPlan::Kernel::CoopMatrix);
+// The matrix kernel runs only where forced (not yet verified on hardware): never the plan's own choice.
+TEST(VulkanPlan, MatrixKernelOnlyWhereForced) {
+  const VulkanPlan f16 = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true));
+  EXPECT_EQ(f16.kernel, VulkanPlan::Kernel::Rows);
+  EXPECT_NE(describe(f16).find("not yet verified on hardware"), std::string::npos) << describe(f16);
+  const VulkanPlan forced = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true), {"coopmat", 0});
+  EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
+  EXPECT_EQ(forced.tile_keys, 16);
+  EXPECT_NE(describe(forced).find("forced"), std::string::npos);
+  // Forced on a device without matrices: the emulated build, with its per-thread scratch.
+  const VulkanPlan emulated = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false), {"coopmat", 0});
+  EXPECT_EQ(emulated.kernel, VulkanPlan::Kernel::CoopMatrix);
+  EXPECT_TRUE(emulated.emulated_matrices);
+  EXPECT_FALSE(forced.emulated_matrices);
+  EXPECT_GE(emulated.thread_scratch_bytes, static_cast<std::uint64_t>(emulated.per_launch * 128 * 32 * 4));
+  EXPECT_NE(describe(emulated).find("emulated"), std::string::npos) << describe(emulated);
+  VulkanTraits narrow = gpu(true);
+  narrow.subgroup_size = 64;
+  EXPECT_THROW(plan_for(problem(1, 12, 512, 512, 64, DType::f16), narrow, {"coopmat", 0}), Error);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false)).kernel, VulkanPlan::Kernel::Rows);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f32), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
   EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::bf16), gpu(true)).kernel, VulkanPlan::Kernel::Rows);
