@@ -133,6 +133,44 @@ TEST(FewRows, ThreadCountDoesNotChangeABit) {
   }
 }
 
+// Interleaved K/V heads (positions-first): few-rows items over several K/V heads, which take turns tile by tile.
+// Against the reference, and the same bytes whatever the heads per item (one thread: all of an entry's; more
+// threads: fewer per item, then one).
+TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
+  int wide = 0;
+  const std::int64_t shapes[][2] = {{2, 1}, {1, 3}, {4, 1}};  // (query heads per K/V head, q_len)
+  for (const auto& shape : shapes) {
+    for (std::int64_t kv_heads : {2, 3, 8, 20}) {
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        CaseSpec s;
+        s.name = "interleaved_heads";
+        s.batch = 3, s.heads = kv_heads * shape[0], s.kv_heads = kv_heads, s.q_len = shape[1], s.k_len = 200;
+        s.head_dim = 40;
+        s.layout = LayoutKind::PositionsFirst;
+        s.causal = kv_heads % 2 == 0;
+        s.key_lengths = kv_heads == 3 ? KeyLengths::Random : KeyLengths::None;
+        s.lse = true;
+        SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
+        CaseData data(s, dtype, 21);
+        const cpu::ReferenceResult ref = data.reference();
+        std::vector<std::byte> base;
+        for (int threads : {1, 4, 64}) {
+          AttentionConfig config;
+          config.threads = threads;
+          const Outcome o = run_and_measure(data, ref, config);
+          wide += o.describe.find("K/V heads per item") != std::string::npos;
+          EXPECT_LE(o.err, testing::tolerance(dtype)) << o.describe;
+          EXPECT_LE(o.lse_err, kLseTolerance);
+          EXPECT_EQ(o.unwritten, 0);
+          if (base.empty()) base = data.output_bytes();
+          else EXPECT_TRUE(data.output_bytes() == base) << threads << " threads: " << o.describe;
+        }
+      }
+    }
+  }
+  EXPECT_GT(wide, 12) << "items over several K/V heads are covered";
+}
+
 // A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score
 // poisons only its own row.
 TEST(FewRows, NonFiniteValuesStayInTheirRows) {

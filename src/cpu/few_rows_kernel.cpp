@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
@@ -302,55 +303,97 @@ struct TileRows {
   std::int64_t v_stride;
 };
 
+// The tile steps of one item: its rows' online softmax over key tiles [t0, t0 + kKeyTile), one tile per step().
 template <int R, class T>
-void run_rows(const ItemJob& job, const RowsSetup& rs) {
-  const AttentionProblem& p = *job.problem;
-  const AttentionArgs& a = *job.args;
-  const Workspace& w = *job.ws;
-  const std::int64_t dim = p.head_dim;
-  const std::int64_t dv = p.v_head_dim;
-  // K/V rows copied (widened, dequantized) into the workspace per tile: quantized, or pages shorter than a tile.
-  const bool gathered = gathers_kv_rows(p);
-  const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
-  const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
-  // bfloat16 scores by vdpbf16ps where the CPU has it, from the query rows as given (what qrows holds widened).
-  const bool bf16_dot = std::is_same_v<T, hwy::bfloat16_t> && cpu_kernel_features().avx512_bf16;
-  const std::uint16_t* q_bf16[kFewRows] = {};
-  if (bf16_dot) {
-    for (int r = 0; r < R; ++r) {
-      q_bf16[r] = static_cast<const std::uint16_t*>(a.q.data) +
-                  job.seqs->query_index(p.q, job.seq, job.b, rs.head[r], rs.query[r]);
-    }
-  }
-  const std::int64_t first_tile = rs.union_begin < rs.union_end ? rs.union_begin / kKeyTile * kKeyTile : rs.union_end;
-  for (std::int64_t t0 = first_tile; t0 < rs.union_end; t0 += kKeyTile) {
-    const std::int64_t k0 = std::max(t0, rs.union_begin);
-    const std::int64_t n = std::min(t0 + kKeyTile, rs.union_end) - k0;
-    TileRows<T> tile{};
-    const core::SequenceAccess& seqs = *job.seqs;
-    if constexpr (std::is_same_v<T, float>) {
-      if (gathered) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          widen_kv_row(a.k.data, seqs.key_index(p.k, job.seq, job.b, job.kvh, k0 + j), p.k_storage, p.dtype, dim,
-                       k_scales, w.kbuf + j * dim);
-          widen_kv_row(a.v.data, seqs.key_index(p.v, job.seq, job.b, job.kvh, k0 + j), p.v_storage, p.dtype, dv,
-                       v_scales, w.vbuf + j * dv);
-        }
-        tile = {w.kbuf, dim, w.vbuf, dv};
+class TileSteps {
+ public:
+  TileSteps(const ItemJob& job, const RowsSetup& rs)
+      : job_(job), rs_(rs), p_(*job.problem), a_(*job.args), w_(*job.ws), gathered_(gathers_kv_rows(p_)),
+        k_scales_(kv_head_scales(a_.k_scale, p_.k_storage, job.kvh, p_.head_dim)),
+        v_scales_(kv_head_scales(a_.v_scale, p_.v_storage, job.kvh, p_.v_head_dim)),
+        // bfloat16 scores by vdpbf16ps where the CPU has it, from the query rows as given (what qrows holds widened).
+        bf16_dot_(std::is_same_v<T, hwy::bfloat16_t> && cpu_kernel_features().avx512_bf16) {
+    if (bf16_dot_) {
+      for (int r = 0; r < R; ++r) {
+        q_bf16_[r] = static_cast<const std::uint16_t*>(a_.q.data) +
+                     job.seqs->query_index(p_.q, job.seq, job.b, rs.head[r], rs.query[r]);
       }
     }
-    if (!gathered) {  // the tile's keys are one run (a page holds whole tiles): read in place
-      tile = {static_cast<const T*>(a.k.data) + seqs.key_index(p.k, job.seq, job.b, job.kvh, k0), p.k.row_stride,
-              static_cast<const T*>(a.v.data) + seqs.key_index(p.v, job.seq, job.b, job.kvh, k0), p.v.row_stride};
+  }
+  // The first tile of the item's keys (its end, when it sees none).
+  std::int64_t first_tile() const {
+    return rs_.union_begin < rs_.union_end ? rs_.union_begin / kKeyTile * kKeyTile : rs_.union_end;
+  }
+  std::int64_t end() const { return rs_.union_end; }
+
+  void step(std::int64_t t0) const {
+    const std::int64_t dim = p_.head_dim, dv = p_.v_head_dim;
+    const std::int64_t k0 = std::max(t0, rs_.union_begin);
+    const std::int64_t n = std::min(t0 + kKeyTile, rs_.union_end) - k0;
+    const core::SequenceAccess& seqs = *job_.seqs;
+    TileRows<T> tile{};
+    if constexpr (std::is_same_v<T, float>) {
+      if (gathered_) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          widen_kv_row(a_.k.data, seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0 + j), p_.k_storage, p_.dtype,
+                       dim, k_scales_, w_.kbuf + j * dim);
+          widen_kv_row(a_.v.data, seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j), p_.v_storage, p_.dtype,
+                       dv, v_scales_, w_.vbuf + j * dv);
+        }
+        tile = {w_.kbuf, dim, w_.vbuf, dv};
+      }
     }
-    if (bf16_dot) {
-      score_tile_bf16_dpbf16(q_bf16, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w.st,
+    if (!gathered_) {  // the tile's keys are one run (a page holds whole tiles): read in place
+      tile = {static_cast<const T*>(a_.k.data) + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0), p_.k.row_stride,
+              static_cast<const T*>(a_.v.data) + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0), p_.v.row_stride};
+    }
+    if (bf16_dot_) {
+      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w_.st,
                              kKeyTile);
     } else {
-      score_tile<R>(w.qrows, dim, tile.k, tile.k_stride, n, w.st);
+      score_tile<R>(w_.qrows, dim, tile.k, tile.k_stride, n, w_.st);
     }
-    for (int r = 0; r < R; ++r) softmax_row(job, rs, r, k0, n, w.st + r * kKeyTile);
-    value_tile<R>(w.st, n, tile.v, tile.v_stride, dv, w.alpha, w.ot);
+    for (int r = 0; r < R; ++r) softmax_row(job_, rs_, r, k0, n, w_.st + r * kKeyTile);
+    value_tile<R>(w_.st, n, tile.v, tile.v_stride, dv, w_.alpha, w_.ot);
+  }
+
+ private:
+  const ItemJob& job_;
+  const RowsSetup& rs_;
+  const AttentionProblem& p_;
+  const AttentionArgs& a_;
+  const Workspace& w_;
+  const bool gathered_;  // K/V rows copied (widened, dequantized) into the workspace per tile
+  const float* k_scales_;
+  const float* v_scales_;
+  const bool bf16_dot_;
+  const std::uint16_t* q_bf16_[kFewRows] = {};
+};
+
+template <int R, class T>
+void run_rows(const ItemJob& job, const RowsSetup& rs) {
+  const TileSteps<R, T> steps(job, rs);
+  for (std::int64_t t0 = steps.first_tile(); t0 < steps.end(); t0 += kKeyTile) steps.step(t0);
+}
+
+// An item over several K/V heads of one batch entry (the plan's kv_heads_per_item): the heads take turns tile by
+// tile, so that rows of interleaved heads (a positions-first cache, NHD pages) are read whole, once. Each head's
+// rows go through exactly the steps of an item of its own: the same bits.
+template <int R, class T>
+void run_rows_wide(const ItemJob* jobs, const RowsSetup* rs, int heads) {
+  std::optional<TileSteps<R, T>> steps[kMaxKvHeadsPerItem];
+  std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = 0;
+  for (int h = 0; h < heads; ++h) {
+    steps[h].emplace(jobs[h], rs[h]);
+    if (steps[h]->first_tile() < steps[h]->end()) {
+      first = std::min(first, steps[h]->first_tile());
+      last = std::max(last, steps[h]->end());
+    }
+  }
+  for (std::int64_t t0 = first; t0 < last; t0 += kKeyTile) {
+    for (int h = 0; h < heads; ++h) {
+      if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) steps[h]->step(t0);
+    }
   }
 }
 
@@ -383,6 +426,57 @@ void run_few_rows_item(const ItemJob& job) {
   }
 }
 
+// The workspace of head h of a wide item: its own lanes of the running state and its own query rows.
+Workspace head_view(const Workspace& w, int h, std::int64_t head_dim) {
+  Workspace v = w;
+  const std::int64_t lane = static_cast<std::int64_t>(h) * kFewRows;
+  v.qrows = w.qrows + lane * head_dim;
+  v.max = w.max + lane;
+  v.sum = w.sum + lane;
+  v.poison = w.poison + lane;
+  v.alpha = w.alpha + lane;
+  v.ot = w.ot + lane;  // (element d * kRowBlock + r of the view: lane `lane + r` of column d)
+  return v;
+}
+
+template <int R, class T>
+void run_wide_typed(const ItemJob* jobs, const RowsSetup* rs, int heads) {
+  run_rows_wide<R, T>(jobs, rs, heads);
+}
+template <class T>
+void run_wide_rows(const ItemJob* jobs, const RowsSetup* rs, int heads) {
+  switch (jobs[0].rows) {
+    case 1: run_wide_typed<1, T>(jobs, rs, heads); break;
+    case 2: run_wide_typed<2, T>(jobs, rs, heads); break;
+    case 3: run_wide_typed<3, T>(jobs, rs, heads); break;
+    default: run_wide_typed<4, T>(jobs, rs, heads); break;
+  }
+}
+
+void run_few_rows_wide_item(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const int heads = static_cast<int>(job.kv_span);
+  ItemJob jobs[kMaxKvHeadsPerItem];
+  Workspace views[kMaxKvHeadsPerItem];
+  RowsSetup rs[kMaxKvHeadsPerItem];
+  for (int h = 0; h < heads; ++h) {
+    views[h] = head_view(*job.ws, h, p.head_dim);
+    jobs[h] = job;
+    jobs[h].kvh = job.kvh + h;
+    jobs[h].kv_span = 1;
+    jobs[h].ws = &views[h];
+    rs[h] = set_up_rows(jobs[h]);
+  }
+  if (gathers_kv_rows(p) || p.dtype == DType::f32) {
+    run_wide_rows<float>(jobs, rs, heads);
+  } else if (p.dtype == DType::f16) {
+    run_wide_rows<hwy::float16_t>(jobs, rs, heads);
+  } else {
+    run_wide_rows<hwy::bfloat16_t>(jobs, rs, heads);
+  }
+  for (int h = 0; h < heads; ++h) finish_rows_dispatched(jobs[h]);  // (wide items are never split)
+}
+
 }  // namespace attnkit::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -390,8 +484,10 @@ HWY_AFTER_NAMESPACE();
 namespace attnkit::cpu {
 
 HWY_EXPORT(run_few_rows_item);
+HWY_EXPORT(run_few_rows_wide_item);
 
 void run_few_rows_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(run_few_rows_item)(job); }
+void run_few_rows_wide_dispatched(const ItemJob& job) { HWY_DYNAMIC_DISPATCH(run_few_rows_wide_item)(job); }
 
 }  // namespace attnkit::cpu
 #endif

@@ -41,8 +41,9 @@ ItemIndex decode_item(const AttentionProblem& p, const TiledPlan& plan, std::int
   item /= plan.splits;
   ix.block = item % plan.row_blocks;
   item /= plan.row_blocks;
-  ix.kvh = item % p.kv_heads;
-  ix.b = item / p.kv_heads;
+  const std::int64_t kv_groups = ceil_div(p.kv_heads, plan.kv_heads_per_item);
+  ix.kvh = item % kv_groups * plan.kv_heads_per_item;
+  ix.b = item / kv_groups;
   return ix;
 }
 
@@ -54,6 +55,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.ws = ws;
   job.b = ix.b;
   job.kvh = ix.kvh;
+  job.kv_span = std::min(plan.kv_heads_per_item, p.kv_heads - ix.kvh);
   job.group = plan.group;
   job.seqs = &seqs;
   job.seq = seqs.rows_of(ix.b);
@@ -98,7 +100,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   std::size_t off = 0;
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
-  w.qrows = take<float>(base, off, kFewRows * head_dim);
+  w.qrows = take<float>(base, off, kRowBlock * head_dim);
   w.st = take<float>(base, off, kKeyTile * kRowBlock);
   w.ot = take<float>(base, off, v_head_dim * kRowBlock);
   w.max = take<float>(base, off, kRowBlock);
@@ -141,6 +143,24 @@ void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim
   }
 }
 
+// Whether each K/V head's rows lie between other heads' rows (a positions-first cache, NHD pages): a decode item
+// of one head then reads a row's bytes out of every few hundred, at half the bandwidth of whole rows (measured:
+// bench/results/cpu-sequences-2026-12-02.md).
+bool heads_interleaved(const Layout& l) { return l.head_stride > 0 && l.head_stride < l.row_stride; }
+
+// K/V heads per few-rows item: all of a batch entry's (at most kMaxKvHeadsPerItem) where heads interleave and the
+// keys are not split, fewer where that would leave under two items per thread. The bits do not depend on it: each
+// head's rows take the same steps either way.
+std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan, std::int64_t base_items, int threads) {
+  if (plan.splits != 1 || plan.group_rows > kFewRows || p.kv_heads < 2 || base_items == 0 ||
+      !(heads_interleaved(p.k) || heads_interleaved(p.v))) {
+    return 1;
+  }
+  std::int64_t span = std::min<std::int64_t>(p.kv_heads, kMaxKvHeadsPerItem);
+  while (span > 1 && p.batch * ceil_div(p.kv_heads, span) < 2 * static_cast<std::int64_t>(threads)) span /= 2;
+  return span;
+}
+
 TiledPlan plan_tiled(const AttentionProblem& p, int threads) {
   TiledPlan plan;
   plan.group = p.heads / p.kv_heads;
@@ -153,7 +173,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads) {
     plan.split_keys = ceil_div(ceil_div(p.k_len, want), kKeyTile) * kKeyTile;
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
-  plan.items = base_items * plan.splits;
+  plan.kv_heads_per_item = kv_heads_per_item(p, plan, base_items, threads);
+  plan.items = p.batch * ceil_div(p.kv_heads, plan.kv_heads_per_item) * plan.row_blocks * plan.splits;
   plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
@@ -167,6 +188,9 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
+  if (plan.kv_heads_per_item > 1) {
+    s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
+  }
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys (" +
          std::to_string(plan.items / plan.splits) + " row blocks under " + std::to_string(kTargetItems) + ")";
@@ -185,7 +209,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   };
   auto item_cost = [&](std::int64_t item) {
     const ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), nullptr);
-    return 4 * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;
+    return 4 * job.kv_span * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;
   };
 
   auto run_item = [&](std::int64_t item) {
@@ -193,7 +217,9 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), &w);
     if (job.rows == 0) return;
     if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
-    if (job.rows <= kFewRows) {
+    if (job.kv_span > 1) {
+      run_few_rows_wide_dispatched(job);
+    } else if (job.rows <= kFewRows) {
       run_few_rows_dispatched(job);
     } else {
       run_item_dispatched(job);

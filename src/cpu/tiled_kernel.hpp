@@ -27,12 +27,14 @@ namespace attnkit::cpu {
 inline constexpr std::int64_t kRowBlock = 64;  // query rows (SIMD lanes) per work item
 inline constexpr std::int64_t kKeyTile = 64;   // keys per blockwise-summed tile
 inline constexpr int kFewRows = 4;              // items with at most this many rows run the decode micro-kernels
+inline constexpr int kMaxKvHeadsPerItem = static_cast<int>(kRowBlock) / kFewRows;  // a wide few-rows item's most
 
 struct TiledPlan {
   std::int64_t group = 1;       // query heads per K/V head
   std::int64_t group_rows = 0;  // rows of one K/V head: group * q_len
   std::int64_t row_blocks = 0;  // row blocks per K/V head
   std::int64_t splits = 1;      // key ranges per row block (1: no split, no merge pass)
+  std::int64_t kv_heads_per_item = 1;  // > 1: few-rows items over that many K/V heads (interleaved heads' rows)
   std::int64_t split_keys = 0;  // keys per range, a multiple of kKeyTile
   std::int64_t items = 0;       // batch * kv_heads * row_blocks * splits
   int threads = 1;

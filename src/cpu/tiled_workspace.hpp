@@ -14,7 +14,7 @@ namespace attnkit::cpu {
 // [x][lane] arrays are stored x-major with kRowBlock floats per x, so a row of lanes is a run of vectors.
 struct Workspace {
   float* qt;      // [head_dim][lane]: the item's queries, transposed
-  float* qrows;   // [kFewRows][head_dim]: a few-rows item's queries, row-major
+  float* qrows;   // [kRowBlock][head_dim]: a few-rows item's queries, row-major (kFewRows per K/V head of the item)
   float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile ([row][kKeyTile]: few rows)
   float* ot;      // [v_head_dim][lane]: running unnormalised output
   float* max;     // [lane] running max
@@ -45,6 +45,7 @@ struct ItemJob {
   const Workspace* ws;
   std::int64_t b;
   std::int64_t kvh;
+  std::int64_t kv_span = 1;  // K/V heads kvh, kvh + 1, ... in this item (> 1: a wide few-rows item)
   std::int64_t group;      // query heads per K/V head
   const core::SequenceAccess* seqs;  // where the rows of every batch entry are
   core::SequenceRows seq;            // batch entry b's: its queries, key length and visibility rule
@@ -59,6 +60,8 @@ struct ItemJob {
 // kFewRows rows dot products along the head dim (few_rows_kernel.cpp).
 void run_item_dispatched(const ItemJob& job);
 void run_few_rows_dispatched(const ItemJob& job);
+// A few-rows item over job.kv_span K/V heads, which take turns tile by tile (interleaved heads' rows read whole).
+void run_few_rows_wide_dispatched(const ItemJob& job);
 
 // Copies the item's unnormalised state into its partial slot.
 void save_partial(const Workspace& ws, std::int64_t rows, std::int64_t v_head_dim, float* partial);
