@@ -281,7 +281,7 @@ def attention(
             ``[num_pages, page_size, Hkv, D]`` (``kv_layout="nhd"``) or ``[num_pages, Hkv, page_size, D]``
             (``"hnd"``); key ``j`` of batch entry ``b`` is row ``j % page_size`` of page
             ``block_table[b, j // page_size]``. ``key_lengths`` gives each entry's keys (default: every page
-            of its row); causal is bottom-right per entry. Host arrays only so far (the CPU backends); no mask.
+            of its row); causal is bottom-right per entry. Host or CUDA arrays (as attention_varlen); no mask.
         kv_layout: the pages' axis order with ``block_table``: ``"nhd"`` or ``"hnd"``.
         backend: ``"auto"`` (the arrays' device decides), ``"cpu"`` (the tiled SIMD kernel),
             ``"reference"`` (float64, slow: the oracle of the tests), ``"cuda"`` (CUDA arrays only) or
@@ -352,8 +352,9 @@ def _swap_seq_heads(x: Any) -> Any:
 
 
 def _index_array(x: Any) -> Any:
-    """An int64 index array (NumPy or torch, on the host) as int32; others as they are (the binding checks)."""
-    if _is_torch_tensor(x) and str(x.dtype) == "torch.int64" and not x.is_cuda:
+    """An int64 index array (NumPy, or torch on the host or a CUDA device: a device op, no read-back) as int32;
+    others as they are (the binding checks). A value past int32 becomes int32's limit, which the checks refuse."""
+    if _is_torch_tensor(x) and str(x.dtype) == "torch.int64":
         import torch
 
         return x.clamp(-1, 2**31 - 1).to(torch.int32)
@@ -368,7 +369,7 @@ def _run_sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, max_q, max_k, 
         _optional_float("softcap", softcap), _optional_float("scale", scale),
         _choice("masked_rows", masked_rows, ("nan", "zero")) == "zero", bool(return_lse), out,
         _choice("kv_layout", kv_layout, ("nhd", "hnd")) == "hnd", _optional_int("threads", threads, _INT32),
-        _choice("backend", backend, ("auto", "cpu", "reference")), _allocator(q))
+        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")), _current_stream(q), _allocator(q))
 
 
 def _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale, masked_rows,
@@ -417,7 +418,11 @@ def attention_varlen(
     (its last query sees every key of its sequence). With ``block_table`` (int32 ``[B, max_pages_per_seq]``),
     ``k`` and ``v`` are a paged cache instead (see :func:`attention`) and ``cu_seqlens_k`` gives each
     sequence's key count. Returns ``out`` ``[total_q, H, Dv]`` (rows no sequence owns are not written), and
-    with ``return_lse`` the float32 LSE ``[H, total_q]``. Host arrays only so far (the CPU backends).
+    with ``return_lse`` the float32 LSE ``[H, total_q]``. Host arrays run on the CPU backend; CUDA arrays on
+    the CUDA backend, which reads ``cu_seqlens_*``, ``block_table`` and key lengths on the device only (no
+    synchronisation: the call captures in a CUDA graph; the plan comes from ``max_seqlen_q`` /
+    ``max_seqlen_k`` and the cache's capacity). Out-of-range device values cannot raise: the sequence they
+    belong to gives masked rows (bad keys) or no rows (bad queries); see docs/numerics.md.
 
     Raises:
         TypeError: an argument is not an array, or has the wrong dtype.
@@ -426,10 +431,13 @@ def attention_varlen(
     """
     key_lengths = None
     if block_table is not None:
-        import numpy as np
+        if _is_torch_tensor(cu_seqlens_k):
+            key_lengths = cu_seqlens_k.diff() if cu_seqlens_k.ndim == 1 and cu_seqlens_k.numel() > 0 else cu_seqlens_k
+        else:
+            import numpy as np
 
-        cu_k = np.asarray(cu_seqlens_k).astype(np.int64)
-        key_lengths = np.diff(cu_k) if cu_k.ndim == 1 and cu_k.size > 0 else cu_k
+            cu_k = np.asarray(cu_seqlens_k).astype(np.int64)
+            key_lengths = np.diff(cu_k) if cu_k.ndim == 1 and cu_k.size > 0 else cu_k
         cu_seqlens_k = None
     o, lse = _run_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, key_lengths, max_seqlen_q,
                             max_seqlen_k, causal, window, softcap, scale, masked_rows, return_lse, out, head_sink,

@@ -1,5 +1,6 @@
 // The binding of ragged batches and paged K/V caches (AttentionProblem::sequences): attnkit.attention_varlen and
-// attnkit.attention(..., block_table=...). Host arrays only: the CPU and Reference backends run them so far.
+// attnkit.attention(..., block_table=...). Host arrays run on the CPU (or Reference) backend, CUDA arrays on the
+// CUDA backend, which reads the sequence arrays on the device only (the call captures in a CUDA graph).
 #include "arrays.hpp"
 
 #include <attnkit/attention.hpp>
@@ -37,6 +38,7 @@ nb::tuple shape_of(const std::vector<std::int64_t>& d) {
 struct Inputs {
   ArrayArg q, k, v;
   std::optional<ArrayArg> cu_q, cu_k, table, lengths, sink, out;
+  Where where = Where::host;
 };
 
 Inputs import_inputs(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, nb::handle cu_k, nb::handle table,
@@ -54,11 +56,11 @@ Inputs import_inputs(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, 
   std::vector<const ArrayArg*> all{&in.q, &in.k, &in.v};
   for (auto* o : {&in.cu_q, &in.cu_k, &in.table, &in.lengths, &in.sink, &in.out})
     if (*o) all.push_back(&**o);
+  const bool cuda_ok = cuda_usable();
+  in.where = array_location(in.q, cuda_ok, cuda_built());
   for (const ArrayArg* a : all) {
-    if (!host_memory(*a)) {
-      fail(a->name + ": is on " + device_string(*a) +
-           "; ragged batches and paged K/V run on the CPU backends only so far (host arrays)");
-    }
+    array_location(*a, cuda_ok, cuda_built());
+    require_same_device(*a, in.q);
     require_kernel_strides(*a);
   }
   const std::string same = "does not match q's dtype " + element_name(in.q.element);
@@ -131,8 +133,10 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
                               std::int64_t max_seqlen_q, std::int64_t max_seqlen_k, bool causal,
                               std::optional<std::int64_t> window, std::optional<float> softcap,
                               std::optional<float> scale, bool masked_rows_zero, bool return_lse, nb::handle out_obj,
-                              bool hnd, std::optional<int> threads, const std::string& backend, nb::callable alloc) {
+                              bool hnd, std::optional<int> threads, const std::string& backend, std::uintptr_t stream,
+                              nb::callable alloc) {
   Inputs in = import_inputs(q_obj, k_obj, v_obj, cu_q_obj, cu_k_obj, table_obj, lengths_obj, sink_obj, out_obj);
+  const CudaDeviceGuard device_guard(in.where == Where::cuda ? in.q.device_id : -1);
   AttentionProblem p;
   set_shapes(p, in, max_seqlen_q, max_seqlen_k, hnd);
   p.dtype = to_dtype(in.q.element);
@@ -165,9 +169,13 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   }
   AttentionConfig config;
   config.threads = threads.value_or(0);
-  config.backend = backend == "reference" ? Backend::Reference : Backend::Cpu;
-  if (backend != "auto" && backend != "cpu" && backend != "reference")
-    fail("backend: ragged batches and paged K/V run on \"auto\", \"cpu\" or \"reference\", got \"" + backend + "\"");
+  config.backend = in.where == Where::cuda ? Backend::Cuda : backend == "reference" ? Backend::Reference : Backend::Cpu;
+  if (in.where == Where::cuda ? backend != "auto" && backend != "cuda"
+                              : backend != "auto" && backend != "cpu" && backend != "reference") {
+    fail("backend: \"" + backend + "\" does not run " + (in.where == Where::cuda ? "CUDA" : "host") +
+         " arrays (ragged batches and paged K/V: \"auto\", \"cpu\", \"reference\" for host arrays, \"cuda\" for "
+         "CUDA arrays)");
+  }
   Attention op(p, config);  // checks every shape, layout and option rule
   AttentionArgs args;
   args.q = {in.q.data, in.q.extent()};
@@ -180,6 +188,18 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   if (in.lengths) args.key_lengths = {in.lengths->data, in.lengths->extent()};
   if (in.sink) args.head_sink = {in.sink->data, in.sink->extent()};
   if (lse) args.lse = {lse->data, lse->extent()};
+  // CUDA scratch (the sequences check's faults, split-K partials) from the caller's framework allocator, on its
+  // stream: no allocation or synchronisation of ours, so that the call captures in a CUDA graph.
+  nb::object scratch_result;
+  if (op.backend() == Backend::Cuda && op.scratch_bytes() > 0) {
+    const auto floats = static_cast<std::int64_t>((op.scratch_bytes() + 3) / 4);
+    scratch_result = alloc(shape_of(std::vector<std::int64_t>{floats}), "scratch");
+    const ArrayArg scratch = import_array(scratch_result, "scratch", true);
+    require_same_device(scratch, in.q);
+    args.scratch = scratch.data;
+    args.scratch_bytes = op.scratch_bytes();
+  }
+  args.stream = reinterpret_cast<void*>(stream);
   {
     nb::gil_scoped_release release;
     op.run(args);  // checks the buffers and the cu_seqlens / block-table values before it writes
@@ -195,8 +215,9 @@ void register_sequences(nb::module_& m) {
         nb::arg("key_lengths").none(), nb::arg("head_sink").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("causal"), nb::arg("window").none(), nb::arg("softcap").none(), nb::arg("scale").none(),
         nb::arg("masked_rows_zero"), nb::arg("return_lse"), nb::arg("out").none(), nb::arg("hnd"),
-        nb::arg("threads").none(), nb::arg("backend"), nb::arg("alloc"),
-        "Ragged batches and paged K/V (host arrays); see attnkit.attention_varlen. Returns (out, lse or None).");
+        nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"),
+        "Ragged batches and paged K/V (host or CUDA arrays); see attnkit.attention_varlen. Returns (out, lse or "
+        "None).");
 }
 
 }  // namespace attnkit::python

@@ -60,13 +60,16 @@ struct SequenceAccess {
     return s;
   }
 
-  // Element index of column 0 of query row i of head h (Q, O: their layouts; lse: its layout, column 0).
-  ATTNKIT_HD std::int64_t query_index(const Layout& l, const SequenceRows& s, std::int64_t b, std::int64_t h,
+  // Element index of column 0 of query row i of head h (Q, O: their layouts; lse: its layout, column 0). L: any
+  // layout with index(b, h, row) (attnkit::Layout, or a backend's device copy of it).
+  template <class L>
+  ATTNKIT_HD std::int64_t query_index(const L& l, const SequenceRows& s, std::int64_t b, std::int64_t h,
                                       std::int64_t i) const {
     return ragged_q ? l.index(0, h, s.first_query + i) : l.index(b, h, i);
   }
   // Element index of column 0 of key row j of K/V head kvh (K or V: its layout).
-  ATTNKIT_HD std::int64_t key_index(const Layout& l, const SequenceRows& s, std::int64_t b, std::int64_t kvh,
+  template <class L>
+  ATTNKIT_HD std::int64_t key_index(const L& l, const SequenceRows& s, std::int64_t b, std::int64_t kvh,
                                     std::int64_t j) const {
     if (paged()) {
       const std::int64_t page = block_table[b * max_pages_per_seq + j / page_size];

@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_decode_mma_k
   const BlockCoord c = block_coord(p, block);
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
-  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, entry_rows(p, c.b), tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   // The warps take the chunks of [lo, hi) in turn; each keeps kStages - 1 of its next chunks in flight through
   // its ring (one commit group per chunk, empty past the range, so that the wait count stays fixed). The first

@@ -72,12 +72,11 @@ __device__ __forceinline__ uint4 load_chunk_by_elements(const void* src, int val
   return uint4{w[0], w[1], w[2], w[3]};
 }
 
-// Rows [0, kTileRows) of a W-wide tile from rows [0, n) of a tensor (`first`, `row_stride` elements apart), the
-// columns below `dim`; zeros elsewhere. By cp.async chunks (rows on 16 bytes, dim a multiple of 8) or, with
-// `by_elements`, by element loads and 16-byte shared stores. Called by the whole block.
-template <class T, int W, int kTileRows>
-__device__ __forceinline__ void copy_tile(T* tile, const T* first, std::int64_t row_stride, int n, int dim,
-                                          bool by_elements) {
+// Rows [0, kTileRows) of a W-wide tile from rows [0, n) of a tensor (row j at row_at(j): one stride apart, or
+// a page lookup each), the columns below `dim`; zeros elsewhere. By cp.async chunks (rows on 16 bytes, dim a
+// multiple of 8) or, with `by_elements`, by element loads and 16-byte shared stores. Called by the whole block.
+template <class T, int W, int kTileRows, class RowAt>
+__device__ __forceinline__ void copy_tile(T* tile, int n, int dim, bool by_elements, RowAt row_at) {
   constexpr int kChunks = W / 8;
   const int tid = threadIdx.x;
   if (by_elements) {
@@ -85,7 +84,7 @@ __device__ __forceinline__ void copy_tile(T* tile, const T* first, std::int64_t 
       const int j = e / kChunks, col = e % kChunks * 8;
       const int valid = j < n ? dim - col : 0;
       *reinterpret_cast<uint4*>(tile + tile_at<W>(j, col)) =
-          valid > 0 ? load_chunk_by_elements(first + j * row_stride + col, valid) : uint4{0u, 0u, 0u, 0u};
+          valid > 0 ? load_chunk_by_elements(row_at(j) + col, valid) : uint4{0u, 0u, 0u, 0u};
     }
     return;
   }
@@ -95,14 +94,14 @@ __device__ __forceinline__ void copy_tile(T* tile, const T* first, std::int64_t 
 #pragma unroll
     for (int j = tid / kChunks; j < kTileRows; j += kThreads / kChunks) {
       const bool valid = j < n && column_real;
-      cp_async16(tile + tile_at<W>(j, col), first + (valid ? j : 0) * row_stride + col, valid);
+      cp_async16(tile + tile_at<W>(j, col), row_at(valid ? j : 0) + col, valid);
     }
   } else {
 #pragma unroll
     for (int e = tid; e < kTileRows * kChunks; e += kThreads) {
       const int j = e / kChunks, col = e % kChunks * 8;
       const bool valid = j < n && col < dim;
-      cp_async16(tile + tile_at<W>(j, col), first + (valid ? j : 0) * row_stride + col, valid);
+      cp_async16(tile + tile_at<W>(j, col), row_at(valid ? j : 0) + col, valid);
     }
   }
 }
@@ -168,7 +167,10 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   const BlockCoord c = kPlain ? plain_block_coord(p, block) : block_coord(p, block);
   ATTNKIT_PHASE(1)
   const std::int64_t first_row = c.row_block * kRows;
-  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
+  // (Plain problems are dense: the entry is every batch entry's shape.)
+  const core::SequenceRows entry = kPlain ? core::SequenceRows{} : entry_rows(p, c.b);
+  const int rows = kPlain ? static_cast<int>(min64(kRows, p.group_rows - first_row))
+                          : block_rows(p, entry, first_row, kRows);
   const T* q = static_cast<const T*>(p.q);
   const int qk_dim = p.bucketed ? static_cast<int>(p.head_dim) : DQK;
   const int v_dim = p.bucketed ? static_cast<int>(p.v_head_dim) : DV;
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   // Q's rows come from row_of, so no table and no barrier.
   const BlockKeys keys = kPlain ? BlockKeys{static_cast<int>(c.key_begin), static_cast<int>(c.key_end),
                                             static_cast<int>(c.key_begin), static_cast<int>(c.key_end)}
-                                : setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+                                : setup_rows<kRows>(p, c, first_row, rows, entry, tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   ATTNKIT_PHASE(2)
   const int lo = keys.lo, hi = keys.hi;
@@ -196,7 +198,8 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
     } else if (r < rows) {
       row = row_of(p, c.kvh, first_row + r);
     }
-    const T* src = q + p.lq.index(c.b, row.head, row.query) + col;
+    const T* src = q + (kPlain ? p.lq.index(c.b, row.head, row.query)
+                               : query_row_index(p, p.lq, c.b, row.head, row.query)) + col;
     const bool valid = r < rows && col < qk_dim;
     if (by_elements) {
       *reinterpret_cast<uint4*>(qs + tile_at<DQK>(r, col)) =
@@ -211,10 +214,13 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   const std::int64_t value_bytes_num = std::is_same_v<S, Int4Tag> ? 1 : static_cast<std::int64_t>(sizeof(S));
   const std::int64_t value_bytes_den = std::is_same_v<S, Int4Tag> ? 2 : 1;
   auto bytes_of = [&](std::int64_t values) { return values * value_bytes_num / value_bytes_den; };
+  // Dense and ragged keys: one base and one row stride per head; paged keys: a page lookup per row (the plain
+  // build is never paged).
+  const bool paged = !kPlain && pages_keys(p);
   const std::byte* k_head = static_cast<const std::byte*>(p.k) +
-                            bytes_of(p.lk.offset + c.b * p.lk.batch_stride + c.kvh * p.lk.head_stride);
+                            bytes_of(kPlain ? p.lk.index(c.b, c.kvh, 0) : key_row_base(p, p.lk, entry, c.b, c.kvh));
   const std::byte* v_head = static_cast<const std::byte*>(p.v) +
-                            bytes_of(p.lv.offset + c.b * p.lv.batch_stride + c.kvh * p.lv.head_stride);
+                            bytes_of(kPlain ? p.lv.index(c.b, c.kvh, 0) : key_row_base(p, p.lv, entry, c.b, c.kvh));
   const std::int64_t k_row_bytes = bytes_of(p.lk.row_stride);
   const std::int64_t v_row_bytes = bytes_of(p.lv.row_stride);
   auto load_kv = [&](int buffer, std::int64_t k0, int n) {
@@ -225,16 +231,28 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
         const std::int64_t key = valid ? k0 + j : k0;
         const int chunk = (tid % kCopyChunks) * 16;
         const int at = (buffer * kTileKeys + j) * kRawRow + chunk;
-        cp_async16(raw_k + at, k_head + key * k_row_bytes + chunk, valid);
-        cp_async16(raw_v + at, v_head + key * v_row_bytes + chunk, valid);
+        const std::byte* k_src = paged ? static_cast<const std::byte*>(p.k) + bytes_of(paged_key_index(p, p.lk, c.b, c.kvh, key))
+                                       : k_head + key * k_row_bytes;
+        const std::byte* v_src = paged ? static_cast<const std::byte*>(p.v) + bytes_of(paged_key_index(p, p.lv, c.b, c.kvh, key))
+                                       : v_head + key * v_row_bytes;
+        cp_async16(raw_k + at, k_src + chunk, valid);
+        cp_async16(raw_v + at, v_src + chunk, valid);
       }
+    } else if (paged) {
+      const T* k_tensor = static_cast<const T*>(p.k);
+      const T* v_tensor = static_cast<const T*>(p.v);
+      copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch, n, qk_dim, by_elements,
+                                   [&](int j) { return k_tensor + paged_key_index(p, p.lk, c.b, c.kvh, k0 + j); });
+      copy_tile<T, DV, kTileKeys>(vs + buffer * kTileKeys * kVPitch, n, v_dim, by_elements,
+                                  [&](int j) { return v_tensor + paged_key_index(p, p.lv, c.b, c.kvh, k0 + j); });
     } else {
-      copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch,
-                                   reinterpret_cast<const T*>(k_head) + k0 * p.lk.row_stride, p.lk.row_stride, n,
-                                   qk_dim, by_elements);
-      copy_tile<T, DV, kTileKeys>(vs + buffer * kTileKeys * kVPitch,
-                                  reinterpret_cast<const T*>(v_head) + k0 * p.lv.row_stride, p.lv.row_stride, n,
-                                  v_dim, by_elements);
+      const T* k_first = reinterpret_cast<const T*>(k_head) + k0 * p.lk.row_stride;
+      const T* v_first = reinterpret_cast<const T*>(v_head) + k0 * p.lv.row_stride;
+      const std::int64_t k_stride = p.lk.row_stride, v_stride = p.lv.row_stride;
+      copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch, n, qk_dim, by_elements,
+                                   [=](int j) { return k_first + j * k_stride; });
+      copy_tile<T, DV, kTileKeys>(vs + buffer * kTileKeys * kVPitch, n, v_dim, by_elements,
+                                  [=](int j) { return v_first + j * v_stride; });
     }
   };
   // A quantized cache: the raw rows of `buffer` become element-type tiles of the stored integers, exactly (rows

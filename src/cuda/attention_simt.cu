@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
   const BlockCoord c = block_coord(p, block);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   const std::int64_t first_row = c.row_block * kRows;
-  const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
-  const std::int64_t key_length = key_length_of(p, c.b);
+  const core::SequenceRows entry = entry_rows(p, c.b);
+  const int rows = block_rows(p, entry, first_row, kRows);
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
       const RowOf row = row_of(p, c.kvh, first_row + tid);
       head = row.head;
       query = row.query;
-      const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
+      const core::KeyRange r = entry.rule.for_row(query, entry.key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
     }
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
   const int lane = tid % 32;
   constexpr int kWarps = kThreads / 32;
   for (int r = warp; r < kRows; r += kWarps) {
-    const T* src = r < rows ? q + p.lq.index(c.b, row_head[r], row_query[r]) : nullptr;
+    const T* src = r < rows ? q + query_row_index(p, p.lq, c.b, row_head[r], row_query[r]) : nullptr;
     for (std::int64_t d = lane; d < D; d += 32) qt[d * kRowPad + r] = src != nullptr ? to_float(src[d]) : 0.0f;
   }
   for (std::int64_t e = tid; e < kRows * L.o_stride; e += kThreads) os[e] = 0.0f;
@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
     // K tile transposed, V tile as is; keys past n and columns past Dv are zero.
     if (p.k_type == KvType::Float && p.v_type == KvType::Float) {
       for (int j = warp; j < kKeys; j += kWarps) {
-        const T* krow = j < n ? k + p.lk.index(c.b, c.kvh, k0 + j) : nullptr;
-        const T* vrow = j < n ? v + p.lv.index(c.b, c.kvh, k0 + j) : nullptr;
+        const T* krow = j < n ? k + key_index(p, p.lk, entry, c.b, c.kvh, k0 + j) : nullptr;
+        const T* vrow = j < n ? v + key_index(p, p.lv, entry, c.b, c.kvh, k0 + j) : nullptr;
         for (std::int64_t d = lane; d < D; d += 32) kt[d * kKeyPad + j] = krow != nullptr ? to_float(krow[d]) : 0.0f;
         for (std::int64_t d = lane; d < L.v_stride; d += 32)
           vs[j * L.v_stride + d] = vrow != nullptr && d < Dv ? to_float(vrow[d]) : 0.0f;
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
     } else {  // a quantized cache (the GQA op's chunked prefill): dequantized value by value
       for (int j = warp; j < kKeys; j += kWarps) {
         const bool valid = j < n;
-        const std::int64_t krow = valid ? p.lk.index(c.b, c.kvh, k0 + j) : 0;
-        const std::int64_t vrow = valid ? p.lv.index(c.b, c.kvh, k0 + j) : 0;
+        const std::int64_t krow = valid ? key_index(p, p.lk, entry, c.b, c.kvh, k0 + j) : 0;
+        const std::int64_t vrow = valid ? key_index(p, p.lv, entry, c.b, c.kvh, k0 + j) : 0;
         for (std::int64_t d = lane; d < D; d += 32)
           kt[d * kKeyPad + j] = valid ? load_kv_value<T>(p.k, p.k_type, p.k_quant, p.k_scale, c.kvh, D, krow, d) : 0.0f;
         for (std::int64_t d = lane; d < L.v_stride; d += 32)
@@ -297,9 +297,9 @@ __global__ void __launch_bounds__(kThreads) attention_simt_kernel(const KernelPa
     const core::RowState state{row_max[a], row_sum[a], poison[a]};
     const core::RowFinish fin =
         core::finish_row(state, p.has_sink, p.has_sink ? p.sinks[row_head[r]] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row_head[r], row_query[r]);
+    T* out = static_cast<T*>(p.o) + query_row_index(p, p.lo, c.b, row_head[r], row_query[r]);
     for (std::int64_t d = d_begin; d < d_end; ++d) out[d] = from_float<T>(finished_value(fin, os[r * L.o_stride + d]));
-    if (p.return_lse && tx == 0) p.lse[p.llse.index(c.b, row_head[r], row_query[r])] = fin.lse;
+    if (p.return_lse && tx == 0) p.lse[query_row_index(p, p.llse, c.b, row_head[r], row_query[r])] = fin.lse;
   }
 }
 

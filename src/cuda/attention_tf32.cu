@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tf32_kernel(const Kerne
   const std::int64_t first_row = c.row_block * kRows;
   const int rows = static_cast<int>(min64(kRows, p.group_rows - first_row));
   const RowTables tables{row_head, row_query, row_begin, row_end, lo_hi};
-  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);
+  const BlockKeys keys = setup_rows<kRows>(p, c, first_row, rows, entry_rows(p, c.b), tables);
   allow_dependent_grids();  // the split-K merge pass may launch (it waits for this grid before reading)
   const int lo = keys.lo, hi = keys.hi;
 

@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   ATTNKIT_PHASE(2)
   // Plain: every row sees the block's whole key range, and the barrier only publishes the initialised mbarriers.
   const BlockKeys keys = kPlain ? plain_block_keys(c)
-                                : setup_rows<kBlockRows>(p, c, first_row, rows, key_length_of(p, c.b), tables);  // syncs
+                                : setup_rows<kBlockRows>(p, c, first_row, rows, entry_rows(p, c.b), tables);  // syncs
   // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
   // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
   // once every block of this grid is running.

@@ -74,12 +74,12 @@ __device__ __forceinline__ void merge_rows_in_cluster(const KernelParams& p, con
     const int head = row.head, query = row.query;
     const core::RowFinish fin =
         core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[head] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, head, query);
+    T* out = static_cast<T*>(p.o) + query_row_index(p, p.lo, c.b, head, query);
 #pragma unroll
     for (int i = 0; i < kLaneColumns; ++i) {
       if (!p.bucketed || lane + 32 * i < p.v_head_dim) out[lane + 32 * i] = from_float<T>(finished_value(fin, acc[i]));
     }
-    if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, head, query)] = fin.lse;
+    if (p.return_lse && lane == 0) p.lse[query_row_index(p, p.llse, c.b, head, query)] = fin.lse;
   }
   cluster.sync();  // no block leaves (its shared memory) while another still reads it
 #endif

@@ -117,6 +117,13 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
                                                                   warpgroup_bucket(warpgroup_width(d, dv)) != dv
                : plan.kernel == CudaPlan::Kernel::Tf32      ? !(tf32_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
                                                             : false;
+  k.has_sequences = p.sequences.any();
+  if (k.has_sequences) {
+    k.seq = core::sequence_access(p, a);
+    k.total_q = p.sequences.total_q;
+    k.total_k = p.sequences.total_k;
+    k.num_pages = p.sequences.num_pages;
+  }
   k.element_loads = !(pointer_aligned16(a.q.data) && pointer_aligned16(a.k.data) && pointer_aligned16(a.v.data) &&
                       rows_in_chunks(p));
   return k;
@@ -250,13 +257,23 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
                             !query_rotary_loads_chunks(*rotary, dtype_size(p.dtype)))) {
     throw RuntimeError("a query rotary reached a CUDA plan that cannot apply it (" + describe(plan) + ")");
   }
-  float* partial = plan.partial_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes) : nullptr;
+  auto* entry_faults = reinterpret_cast<std::int32_t*>(static_cast<char*>(scratch) + kFlagBytes);
+  float* partial = plan.partial_bytes > 0
+                       ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kFlagBytes + entry_fault_bytes(p))
+                       : nullptr;
   // The lengths live on the device and are never read back (no synchronisation: the call captures in a CUDA
   // graph). A length outside [0, k_len] hides every key of its batch entry in every kernel (key_length_of); the
   // check records the first such entry in the caller's status word (AttentionArgs::status) or, without one, in the
   // scratch's flag.
   int* status = a.status.data != nullptr ? static_cast<int*>(a.status.data) : flag;
-  if (check_key_lengths && p.has_key_lengths && p.batch > 0 && status != nullptr) {
+  // Ragged or paged sequences: the device check records each entry's out-of-range arrays in the scratch, where
+  // every kernel after it reads them (entry_rows), and the first bad entry in the status word.
+  if (p.sequences.any() && p.batch > 0) {
+    check_cuda(cudaMemsetAsync(status, 0xff, sizeof(int), stream), "cudaMemsetAsync");
+    KernelParams check = make_params(p, a, plan, nullptr);
+    launch_check_sequences(check, entry_faults, status, stream);
+    check_cuda(cudaGetLastError(), "the sequences check launch");
+  } else if (check_key_lengths && p.has_key_lengths && p.batch > 0 && status != nullptr) {
     launch_check_key_lengths(static_cast<const std::int32_t*>(a.key_lengths.data), p.batch, p.k_len, status, stream);
     check_cuda(cudaGetLastError(), "the key-length check launch");
   } else if (a.status.data != nullptr) {
@@ -274,11 +291,13 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   // A plain attention call's tile kernel may start under the tail of whatever kernel precedes it: it waits for
   // that kernel before it reads anything (wait_first), so only the launch latency and the blocks' start overlap.
   // (What back-to-back calls, a model's layers or a benchmark's CUDA graph, see between two kernels.)
-  const bool pdl_call = pdl_allowed && !plan.overrides.is_off("call-pdl") && !overlap_previous &&
+  // (Not after the sequences check, whose faults the kernel reads at its start.)
+  const bool pdl_call = pdl_allowed && !plan.overrides.is_off("call-pdl") && !overlap_previous && !p.sequences.any() &&
                         (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore);
   KernelParams params = make_params(p, a, plan, partial);
   if (rotary != nullptr) params.rotary = *rotary;
   params.plain = plan.plain;
+  params.entry_faults = entry_faults;
   params.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
   if (plan.tail_pieces > 1 && !runs_plain(params)) {
     // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
@@ -289,6 +308,7 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
     params = make_params(p, a, plan, nullptr);
     if (rotary != nullptr) params.rotary = *rotary;
     params.plain = plan.plain;
+    params.entry_faults = entry_faults;
   }
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.

@@ -71,7 +71,7 @@ bool plain_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  return p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
+  return !p.sequences.any() && p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
          p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
 
@@ -95,12 +95,14 @@ bool is_quantized(const AttentionProblem& p) {
 }
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which only
 // the run sees; the run falls back to the plan without them).
+// Ragged and paged sequences (AttentionProblem::sequences) run on the kernels that read rows through
+// kernel_params.cuh's sequence accessors: the SIMT and mma.sync kernels.
 bool decode_accepts(const AttentionProblem& p, const DeviceTraits&, bool allow_special) {
-  return allow_special && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
+  return allow_special && !p.sequences.any() && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
          decode_aligned(p.k, p.k_storage.type, p.dtype) && decode_aligned(p.v, p.v_storage.type, p.dtype);
 }
 bool warpgroup_accepts(const AttentionProblem& p, const DeviceTraits& device, bool allow_special) {
-  return allow_special && device.sm90 &&
+  return allow_special && device.sm90 && !p.sequences.any() &&
          warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
          layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
 }
@@ -111,10 +113,10 @@ bool mma_accepts(const AttentionProblem& p, const DeviceTraits&, bool) {
           (layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type)));
 }
 bool tf32_accepts(const AttentionProblem& p, const DeviceTraits&, bool) {  // (any layout, as mma.sync)
-  return tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type);
+  return !p.sequences.any() && tf32_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type);
 }
 bool decode_mma_accepts(const AttentionProblem& p, const DeviceTraits&, bool allow_special) {
-  return allow_special &&
+  return allow_special && !p.sequences.any() &&
          decode_mma_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type, p.has_mask) &&
          mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
 }
@@ -151,6 +153,7 @@ bool accepts(CudaPlan::Kernel k, const AttentionProblem& p, const DeviceTraits& 
 std::string simt_reason(const AttentionProblem& p, const PlanOverrides& o) {
   if (!o.kernel.empty() && o.kernel == "simt") return "forced by the plan overrides";
   if (p.dtype == DType::f32) {
+    if (p.sequences.any()) return "float32 ragged or paged sequences (the TF32 kernel does not read them)";
     if (o.is_off("tf32")) return "tf32 off in the plan overrides";
     return "float32 above head dim 128 (the TF32 kernel is built to 128)";
   }
@@ -366,7 +369,9 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   const std::int64_t partial_blocks =
       plan.splits > 1 ? plan.blocks : plan.tail_pieces > 1 ? plan.blocks - plan.tail_block : 0;
   plan.partial_bytes = static_cast<std::size_t>(partial_blocks * plan.row_block * (3 + p.v_head_dim)) * sizeof(float);
-  plan.scratch_bytes = (p.has_key_lengths || plan.partial_bytes > 0) ? kFlagBytes + plan.partial_bytes : 0;
+  plan.scratch_bytes = (p.has_key_lengths || p.sequences.any() || plan.partial_bytes > 0)
+                           ? kFlagBytes + entry_fault_bytes(p) + plan.partial_bytes
+                           : 0;
   plan.overrides = o;
   return plan;
 }

@@ -25,8 +25,13 @@ struct DeviceTraits {
 // The largest cluster the cluster merge asks for: 16, the H100 / H200's non-portable limit (8 is portable).
 inline constexpr std::int64_t kMaxClusterSplits = 16;
 
-// Scratch starts with the key-length check's flag; the split-K partials follow it.
+// Scratch starts with the device checks' flag, then (ragged or paged sequences) one int32 per batch entry of
+// what the sequences check found (entry_fault_bytes); the split-K partials follow.
 inline constexpr std::size_t kFlagBytes = 256;
+inline std::size_t entry_fault_bytes(const AttentionProblem& p) {
+  if (!p.sequences.any()) return 0;
+  return (static_cast<std::size_t>(p.batch) * sizeof(std::int32_t) + kFlagBytes - 1) / kFlagBytes * kFlagBytes;
+}
 
 // The plan of `p` on `device`, a pure function of the three. allow_special: the decode and wgmma kernels may be
 // chosen (both need 16-byte-aligned base pointers, which only the run sees; the run falls back to the plan

@@ -90,7 +90,7 @@ struct BlockKeys {
 // atomics on the same 4 words, one after the other, behind a second barrier).
 template <int kRows>
 __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const BlockCoord& c, std::int64_t first_row,
-                                                int rows, std::int64_t key_length, const RowTables& t) {
+                                                int rows, const core::SequenceRows& entry, const RowTables& t) {
   static_assert(kRows <= kMaxTableRows, "lo_hi holds 4 ints per warp of rows");
   constexpr int kRowWarps = (kRows + 31) / 32;
   const int tid = threadIdx.x;
@@ -102,7 +102,7 @@ __device__ __forceinline__ BlockKeys setup_rows(const KernelParams& p, const Blo
       const RowOf row = row_of(p, c.kvh, first_row + tid);
       head = row.head;
       query = row.query;
-      const core::KeyRange r = p.rule.for_batch(p.causal_offsets, c.b).for_row(query, key_length);
+      const core::KeyRange r = entry.rule.for_row(query, entry.key_length);
       begin = static_cast<int>(max64(r.begin, c.key_begin));
       end = static_cast<int>(max64(begin, min64(r.end, c.key_end)));
       if (begin < end) lo = begin, hi = end;
@@ -423,7 +423,8 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
     const bool sink = !kPlain && p.has_sink;
     const core::RowFinish fin = core::finish_row({row_max[half], row_sum[half], poisoned}, sink,
                                                  sink ? p.sinks[row.head] : 0.0f, p.masked_rows);
-    T* out = static_cast<T*>(p.o) + p.lo.index(c.b, row.head, row.query);
+    T* out = static_cast<T*>(p.o) + (kPlain ? p.lo.index(c.b, row.head, row.query)
+                                            : query_row_index(p, p.lo, c.b, row.head, row.query));
     // A thread's two columns side by side: one store of both where the row allows (any layout may start a row
     // on an odd element), half the store instructions of the block's epilogue.
     const bool paired = kPlain || reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
@@ -440,7 +441,7 @@ __device__ __forceinline__ void finish_rows(const KernelParams& p, const BlockCo
         if (col + 1 < columns) out[col + 1] = second;
       }
     }
-    if (p.return_lse && lane % 4 == 0) p.lse[p.llse.index(c.b, row.head, row.query)] = fin.lse;
+    if (p.return_lse && lane % 4 == 0) p.lse[query_row_index(p, p.llse, c.b, row.head, row.query)] = fin.lse;
   }
 }
 

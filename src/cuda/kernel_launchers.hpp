@@ -176,4 +176,9 @@ void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cu
 void launch_check_key_lengths(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad,
                               cudaStream_t stream);
 
+// split_merge.cu: for ragged / paged sequences (p.has_sequences), each batch entry's out-of-range device arrays
+// into faults[b] (kQueriesOutOfRange, kKeysOutOfRange) and the lowest such entry into *status, which the caller
+// set to -1. Runs before any kernel that reads the sequences.
+void launch_check_sequences(const KernelParams& p, std::int32_t* faults, int* status, cudaStream_t stream);
+
 }  // namespace attnkit::cuda

@@ -6,6 +6,7 @@
 #include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
+#include "../core/sequences.hpp"
 #include "../core/visibility.hpp"
 
 #include <attnkit/attention.hpp>
@@ -111,6 +112,14 @@ struct KernelParams {
   // then for everything after).
   bool wait_first;
   QueryRotary rotary;  // cos null: none (only the wgmma kernel applies it; the plan's caller checks rotates_query)
+  // Ragged or paged sequences (AttentionProblem::sequences; only the SIMT and mma.sync kernels' general builds
+  // take them): a batch entry's rows come from entry_rows, query_row_index and key_index. The arrays are device
+  // memory, never read on the host; check_sequences_kernel records, per entry, which of them are out of range
+  // (entry_faults, in the scratch), before any kernel that reads them.
+  bool has_sequences;
+  core::SequenceAccess seq;
+  std::int64_t total_q, total_k, num_pages;
+  const std::int32_t* entry_faults;
   // (Host only.) The blocks an SM holds at once times the SMs, where the launch may run a persistent grid of that
   // many blocks (CudaPlan::three_per_sm); 0: one block per unit of work.
   std::int64_t persistent_places;
@@ -354,7 +363,7 @@ inline bool runs_plain(const KernelParams& p) {
   // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
-  return p.plain && chunks && !p.element_loads && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+  return p.plain && chunks && !p.element_loads && !p.has_sequences && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
          p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
          p.k_type == KvType::Float && p.v_type == KvType::Float &&
          (p.partial == nullptr || p.tail_pieces > 1 || p.cluster_merge) && (p.splits == 1 || p.cluster_merge) &&
@@ -402,6 +411,63 @@ __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std
   if (!p.has_key_lengths) return p.k_len;
   const std::int32_t n = p.key_lengths[b];
   return n >= 0 && n <= p.k_len ? n : 0;
+}
+
+// What check_sequences_kernel records of a batch entry (entry_faults): its query rows cannot be placed
+// (cu_seqlens_q out of range: none of its rows is written), or its keys cannot be read (cu_seqlens_k, its key
+// length or a block-table entry its keys reach out of range: every row of it is a masked row).
+inline constexpr std::int32_t kQueriesOutOfRange = 1;
+inline constexpr std::int32_t kKeysOutOfRange = 2;
+
+// Batch entry b's query count, key length and visibility rule (and, for sequences, where its rows start).
+__device__ __forceinline__ core::SequenceRows entry_rows(const KernelParams& p, std::int64_t b) {
+  core::SequenceRows e;
+  if (!p.has_sequences) {
+    e.queries = p.q_len;
+    e.key_length = key_length_of(p, b);
+    e.rule = p.rule.for_batch(p.causal_offsets, b);
+    return e;
+  }
+  e = p.seq.rows_of(b);
+  const std::int32_t faults = p.entry_faults[b];
+  if (faults & kQueriesOutOfRange) e.queries = 0;
+  if (faults & kKeysOutOfRange) e.key_length = 0;
+  return e;
+}
+
+// The rows of a block that exist: row block `first_row` of an entry with e.queries queries (0 past its end).
+__device__ __forceinline__ int block_rows(const KernelParams& p, const core::SequenceRows& e, std::int64_t first_row,
+                                          int block_rows_most) {
+  const std::int64_t rows = p.has_sequences ? p.group * e.queries : p.group_rows;
+  return static_cast<int>(max64(0, min64(block_rows_most, rows - first_row)));
+}
+
+// Element index of column 0 of query row i of head h of batch entry b in Q, O or lse (layout l).
+__device__ __forceinline__ std::int64_t query_row_index(const KernelParams& p, const DeviceLayout& l, std::int64_t b,
+                                                        std::int64_t h, std::int64_t i) {
+  if (p.has_sequences && p.seq.ragged_q) return l.index(0, h, p.seq.cu_seqlens_q[b] + i);
+  return l.index(b, h, i);
+}
+
+// Where key j of batch entry b, K/V head kvh is in K or V (layout l), as a value index. Dense and ragged keys:
+// key_row_base + j * row_stride. Paged keys: a block-table lookup per key (paged_key_index; everything it reads
+// comes from the parameters, so that it holds no registers over a kernel's key loop).
+__device__ __forceinline__ std::int64_t key_row_base(const KernelParams& p, const DeviceLayout& l,
+                                                     const core::SequenceRows& e, std::int64_t b, std::int64_t kvh) {
+  return p.has_sequences && p.seq.ragged_k ? l.index(0, kvh, e.first_key) : l.index(b, kvh, 0);
+}
+__device__ __forceinline__ bool pages_keys(const KernelParams& p) { return p.has_sequences && p.seq.paged(); }
+__device__ __forceinline__ std::int64_t paged_key_index(const KernelParams& p, const DeviceLayout& l, std::int64_t b,
+                                                        std::int64_t kvh, std::int64_t key) {
+  const int j = static_cast<int>(key);  // (key ranges fit in int)
+  const int page_size = static_cast<int>(p.seq.page_size);
+  const std::int64_t page = p.seq.block_table[b * p.seq.max_pages_per_seq + j / page_size];
+  return l.offset + page * l.batch_stride + kvh * l.head_stride + (j % page_size) * l.row_stride;
+}
+__device__ __forceinline__ std::int64_t key_index(const KernelParams& p, const DeviceLayout& l,
+                                                  const core::SequenceRows& e, std::int64_t b, std::int64_t kvh,
+                                                  std::int64_t key) {
+  return pages_keys(p) ? paged_key_index(p, l, b, kvh, key) : key_row_base(p, l, e, b, kvh) + key * l.row_stride;
 }
 
 // Writes a finished row (or its split-K partial) from an unnormalised accumulator element.

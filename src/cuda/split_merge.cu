@@ -29,7 +29,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
   const std::int64_t base = blockIdx.x;
   const BlockCoord c = block_coord(p, (first_base + base) * p.splits);
   const std::int64_t first_row = c.row_block * row_block;
-  const std::int64_t rows = min64(row_block, p.group_rows - first_row);
+  // (the rows of the entry that exist: the attention kernel left partials for those only)
+  const std::int64_t rows = p.has_sequences ? block_rows(p, entry_rows(p, c.b), first_row, static_cast<int>(row_block))
+                                            : min64(row_block, p.group_rows - first_row);
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * kMergeWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -83,13 +85,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const KernelParams
   const std::int64_t h = row.head;
   const std::int64_t i = row.query;
   const core::RowFinish fin = core::finish_row({max, sum, poison}, p.has_sink, p.has_sink ? p.sinks[h] : 0.0f, p.masked_rows);
-  T* out = static_cast<T*>(p.o) + p.lo.index(c.b, h, i);
+  T* out = static_cast<T*>(p.o) + query_row_index(p, p.lo, c.b, h, i);
 #pragma unroll
   for (int k = 0; k < kColumns; ++k) {
     const int d = lane + 32 * k;
     if (d < Dv) out[d] = from_float<T>(finished_value(fin, acc[k]));
   }
-  if (p.return_lse && lane == 0) p.lse[p.llse.index(c.b, h, i)] = fin.lse;
+  if (p.return_lse && lane == 0) p.lse[query_row_index(p, p.llse, c.b, h, i)] = fin.lse;
 }
 
 __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad) {
@@ -100,6 +102,42 @@ __global__ void check_key_lengths_kernel(const std::int32_t* key_lengths, std::i
     const std::int32_t l = key_lengths[b];
     if (l < 0 || l > k_len) atomicMin(reinterpret_cast<unsigned*>(bad), static_cast<unsigned>(b));
   }
+}
+
+// One warp per batch entry: which of its device arrays are out of range (kernel_params.cuh, entry_faults), and
+// the lowest such entry into `status` (set to -1 before this launch).
+__global__ void check_sequences_kernel(const KernelParams p, std::int32_t* faults, int* status) {
+  const std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= p.batch) return;
+  const core::SequenceAccess& s = p.seq;
+  const auto out_of_range = [](const std::int32_t* cu, std::int64_t b, std::int64_t longest, std::int64_t total) {
+    const std::int64_t first = cu[b], last = cu[b + 1];
+    return first < 0 || last < first || last > total || last - first > longest;
+  };
+  std::int32_t fault = 0;
+  if (s.ragged_q && out_of_range(s.cu_seqlens_q, b, s.q_len, p.total_q)) fault |= kQueriesOutOfRange;
+  std::int64_t keys = s.k_len;
+  if (s.ragged_k) {
+    if (out_of_range(s.cu_seqlens_k, b, s.k_len, p.total_k)) fault |= kKeysOutOfRange;
+    keys = static_cast<std::int64_t>(s.cu_seqlens_k[b + 1]) - s.cu_seqlens_k[b];
+  }
+  if (s.key_lengths != nullptr) {
+    keys = s.key_lengths[b];
+    if (keys < 0 || keys > s.k_len) fault |= kKeysOutOfRange;
+  }
+  if (s.paged() && !(fault & kKeysOutOfRange)) {
+    const std::int64_t pages = (keys + s.page_size - 1) / s.page_size;
+    bool bad = false;
+    for (std::int64_t i = lane; i < pages; i += 32) {
+      const std::int32_t page = s.block_table[b * s.max_pages_per_seq + i];
+      bad |= page < 0 || page >= p.num_pages;
+    }
+    if (__any_sync(0xffffffffu, bad)) fault |= kKeysOutOfRange;
+  }
+  if (lane != 0) return;
+  faults[b] = fault;
+  if (fault != 0) atomicMin(reinterpret_cast<unsigned*>(status), static_cast<unsigned>(b));
 }
 
 template <class T, int kColumns>
@@ -139,6 +177,12 @@ void launch_merge(const KernelParams& p, DType dtype, std::int64_t row_block, cu
 void launch_check_key_lengths(const std::int32_t* key_lengths, std::int64_t batch, std::int64_t k_len, int* bad,
                               cudaStream_t stream) {
   check_key_lengths_kernel<<<1, 256, 0, stream>>>(key_lengths, batch, k_len, bad);
+}
+
+void launch_check_sequences(const KernelParams& p, std::int32_t* faults, int* status, cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = 8;
+  const auto blocks = static_cast<unsigned>((p.batch + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  check_sequences_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p, faults, status);
 }
 
 }  // namespace attnkit::cuda

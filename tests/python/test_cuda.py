@@ -443,3 +443,66 @@ def test_gqa_runs_on_the_current_stream_without_waiting():
     assert err <= 2e-3, f"output vs the CPU: scaled error {err:.3g}"
     torch.cuda.synchronize()
     assert took < 0.5, f"the call took {took:.2f} s: it waited for the device (a synchronisation)"
+
+
+def test_varlen_and_paged_on_cuda_match_the_host_call():
+    """Ragged and paged calls on CUDA tensors (device cu_seqlens, block table, key lengths) give the host call's
+    result within the dtype's tolerance, with the rows no sequence owns untouched."""
+    g = torch.Generator().manual_seed(5)
+    H, Hkv, D = 8, 2, 64
+    q_lens, k_lens = [5, 0, 33, 1], [40, 7, 300, 0]
+    cu_q = torch.tensor([0, 5, 5, 38, 39], dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 47, 347, 347], dtype=torch.int32)
+    q = torch.randn(41, H, D, generator=g).half()
+    k, v = torch.randn(347, Hkv, D, generator=g).half(), torch.randn(347, Hkv, D, generator=g).half()
+    host = attnkit.attention_varlen(q, k, v, cu_q, cu_k, 33, 300, causal=True)
+    out = torch.full((41, H, D), 7.0, dtype=torch.float16, device="cuda")
+    got = attnkit.attention_varlen(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), 33, 300, causal=True, out=out)
+    assert got is out
+    torch.testing.assert_close(got[:39].cpu(), host[:39], rtol=0, atol=TOLERANCE["float16"] * 8, equal_nan=True)
+    assert (got[39:] == 7.0).all(), "rows no sequence owns were written"
+    # Paged: the same keys in shuffled pages of 16, one query per sequence (a decode step).
+    page, per = 16, 20
+    perm = torch.randperm(4 * per, generator=g)
+    kp = torch.zeros(4 * per, page, Hkv, D, dtype=torch.float16)
+    vp = torch.zeros_like(kp)
+    table = torch.zeros(4, per, dtype=torch.int32)
+    for b in range(4):
+        for i in range((k_lens[b] + page - 1) // page):
+            p = int(perm[b * per + i])
+            table[b, i] = p
+            rows = slice(int(cu_k[b]) + i * page, int(cu_k[b]) + min(k_lens[b], (i + 1) * page))
+            n = rows.stop - rows.start
+            kp[p, :n], vp[p, :n] = k[rows], v[rows]
+    qd = torch.randn(4, 1, H, D, generator=g).half()
+    lengths = torch.tensor(k_lens, dtype=torch.int32)
+    host = attnkit.attention(qd, kp, vp, block_table=table, key_lengths=lengths, layout="bshd")
+    got = attnkit.attention(qd.cuda(), kp.cuda(), vp.cuda(), block_table=table.cuda(), key_lengths=lengths.cuda(),
+                            layout="bshd")
+    torch.testing.assert_close(got.cpu(), host, rtol=0, atol=TOLERANCE["float16"] * 8, equal_nan=True)
+
+
+def test_paged_decode_captures_in_a_cuda_graph_and_replays_with_new_tables():
+    """A paged decode step captures in torch's CUDA graph (strict capture: no read-back of the device arrays);
+    the replay after new key lengths and block-table entries are written in place gives the eager call's bytes."""
+    g = torch.Generator(device="cuda").manual_seed(8)
+    B, H, Hkv, D, page, per = 4, 32, 8, 128, 16, 64
+    q = torch.randn(B, 1, H, D, generator=g, device="cuda").bfloat16()
+    kp = torch.randn(B * per, page, Hkv, D, generator=g, device="cuda").bfloat16()
+    vp = torch.randn_like(kp)
+    table = torch.randperm(B * per, device="cuda", generator=g).to(torch.int32).reshape(B, per)
+    lengths = torch.tensor([1000, 1, 512, 77], dtype=torch.int32, device="cuda")
+    run = lambda: attnkit.attention(q, kp, vp, block_table=table, key_lengths=lengths, layout="bshd")  # noqa: E731
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    lengths.copy_(torch.tensor([3, 1024, 900, 640], dtype=torch.int32))
+    table.copy_(table.flip(1))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, run(), rtol=0, atol=0)
