@@ -27,8 +27,6 @@ import triton.testing as tt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
 import attnkit  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -44,7 +42,7 @@ def timed(fn, rep):
 def close(a, b, what):
     err = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
     if not err <= TOL:
-        raise SystemExit(f"{what}: scaled error {err:.2e} above {TOL}")
+        raise ValueError(f"{what}: scaled error {err:.2e} above {TOL}")
     return err
 
 
@@ -79,12 +77,19 @@ def decode_rows(rep, gen):
     ref = dense()
     dense_us = timed(dense, rep)
     rows.append(("paged decode: dense cache, key lengths", B, dense_us, visible_bytes / dense_us / 1e6, 1.0, 0.0))
+    # The kernel the sequences calls run (mma.sync), on the dense cache: what the pages themselves cost.
+    dense_mma = lambda: attnkit.attention(q, k, v, key_lengths=lens, layout="bshd", plan="kernel=mma")  # noqa: E731
+    err = close(dense_mma(), ref, "dense on mma.sync")
+    us = timed(dense_mma, rep)
+    rows.append(("paged decode: dense cache on the mma.sync kernel", B, us, visible_bytes / us / 1e6, dense_us / us, err))
     for page in (16, 64):
         k_pages, v_pages, table = paged(k, v, lengths, page, gen)
-        call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens, layout="bshd")  # noqa: E731
-        err = close(call(), ref, f"paged {page}")
-        us = timed(call, rep)
-        rows.append((f"paged decode: pages of {page}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
+        for plan, note in (("", ""), ("off=page-prefetch", ", no block-table prefetch")):
+            call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens,  # noqa: E731
+                                             layout="bshd", plan=plan)
+            err = close(call(), ref, f"paged {page}")
+            us = timed(call, rep)
+            rows.append((f"paged decode: pages of {page}{note}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
     B = 32
     lengths = torch.randint(1, cap + 1, (B,), generator=gen, dtype=torch.int32)
     lens = lengths.cuda()
@@ -129,12 +134,21 @@ def prefill_rows(rep, gen):
     padded_us = timed(padded, rep)
     ragged_us = timed(ragged, rep)
     rows.append(("ragged prefill: padded dense, key lengths", B, padded_us, flops / padded_us / 1e6, 1.0, 0.0))
+    padded_mma = lambda: attnkit.attention(qp, kp, vp, key_lengths=lens, causal=True, layout="bshd", plan="kernel=mma")  # noqa: E731
+    us = timed(padded_mma, rep)
+    rows.append(("ragged prefill: padded dense on the mma.sync kernel", B, us, flops / us / 1e6, padded_us / us, 0.0))
     rows.append(("ragged prefill: attention_varlen", B, ragged_us, flops / ragged_us / 1e6, padded_us / ragged_us, err))
     varlen = torch_varlen()
     if varlen is not None and hasattr(varlen, "varlen_attn"):
         kr = k.repeat_interleave(HQ // HKV, dim=1)
         vr = v.repeat_interleave(HQ // HKV, dim=1)
-        peer = lambda: varlen.varlen_attn(q, kr, vr, cu, cu, longest, longest, is_causal=True)  # noqa: E731
+        import inspect
+
+        params = inspect.signature(varlen.varlen_attn).parameters
+        # (causal: this PyTorch takes a window (left, right), -1 unbounded; right 0 is causal, bottom-right)
+        causal_kw = ({"is_causal": True} if "is_causal" in params else
+                     {"window_size": (-1, 0)} if "window_size" in params else {"causal": True})
+        peer = lambda: varlen.varlen_attn(q, kr, vr, cu, cu, longest, longest, **causal_kw)  # noqa: E731
         try:
             err_peer = max(close(peer()[starts[b]:starts[b] + n], ref[b, :n], "torch varlen") for b, n in enumerate(lengths))
             us = timed(peer, rep)

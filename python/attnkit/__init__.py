@@ -297,7 +297,7 @@ def attention(
     """
     if block_table is not None:
         return _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale,
-                                masked_rows, return_lse, out, layout, head_sink, threads, backend, mask, kv_layout)
+                                masked_rows, return_lse, out, layout, head_sink, threads, backend, mask, kv_layout, plan)
     if _is_torch_tensor(q) and not plan:  # (plan overrides, for benchmarks: the binding itself, eager calls only)
         ops = _TORCH_OPS or _load_torch_ops()
         # The common call (every option of its plain type) without the checks below: a small eager call's cost is
@@ -362,18 +362,18 @@ def _index_array(x: Any) -> Any:
 
 
 def _run_sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, max_q, max_k, causal, window, softcap, scale,
-                   masked_rows, return_lse, out, head_sink, threads, backend, kv_layout):
+                   masked_rows, return_lse, out, head_sink, threads, backend, kv_layout, plan=""):
     return _attnkit.attention_sequences(
         q, k, v, _index_array(cu_q), _index_array(cu_k), _index_array(block_table), _index_array(key_lengths), head_sink,
         operator.index(max_q), operator.index(max_k), bool(causal), _optional_int("window", window),
         _optional_float("softcap", softcap), _optional_float("scale", scale),
         _choice("masked_rows", masked_rows, ("nan", "zero")) == "zero", bool(return_lse), out,
         _choice("kv_layout", kv_layout, ("nhd", "hnd")) == "hnd", _optional_int("threads", threads, _INT32),
-        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")), _current_stream(q), _allocator(q))
+        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")), _current_stream(q), _allocator(q), str(plan))
 
 
 def _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale, masked_rows,
-                     return_lse, out, layout, head_sink, threads, backend, mask, kv_layout):
+                     return_lse, out, layout, head_sink, threads, backend, mask, kv_layout, plan):
     if mask is not None:
         raise ValueError("mask: is not supported with block_table (paged K/V)")
     if causal_offset is not None:
@@ -382,7 +382,7 @@ def _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, w
     qv = q if bshd else _swap_seq_heads(q)
     ov = out if bshd or out is None else _swap_seq_heads(out)
     o, lse = _run_sequences(qv, k, v, None, None, block_table, key_lengths, qv.shape[1], -1, causal, window, softcap,
-                            scale, masked_rows, return_lse, ov, head_sink, threads, backend, kv_layout)
+                            scale, masked_rows, return_lse, ov, head_sink, threads, backend, kv_layout, plan)
     o = o if bshd or out is not None else _swap_seq_heads(o)
     o = out if out is not None else o
     return (o, lse) if return_lse else o
@@ -409,6 +409,7 @@ def attention_varlen(
     kv_layout: str = "nhd",
     threads: Optional[int] = None,
     backend: str = "auto",
+    plan: str = "",
 ) -> Union[Any, Tuple[Any, Any]]:
     """Attention over a ragged (packed) batch, in flash-attn's varlen convention.
 
@@ -441,7 +442,7 @@ def attention_varlen(
         cu_seqlens_k = None
     o, lse = _run_sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, key_lengths, max_seqlen_q,
                             max_seqlen_k, causal, window, softcap, scale, masked_rows, return_lse, out, head_sink,
-                            threads, backend, kv_layout)
+                            threads, backend, kv_layout, plan)
     return (o, lse) if return_lse else o
 
 

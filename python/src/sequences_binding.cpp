@@ -134,7 +134,7 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
                               std::optional<std::int64_t> window, std::optional<float> softcap,
                               std::optional<float> scale, bool masked_rows_zero, bool return_lse, nb::handle out_obj,
                               bool hnd, std::optional<int> threads, const std::string& backend, std::uintptr_t stream,
-                              nb::callable alloc) {
+                              nb::callable alloc, const std::string& plan) {
   Inputs in = import_inputs(q_obj, k_obj, v_obj, cu_q_obj, cu_k_obj, table_obj, lengths_obj, sink_obj, out_obj);
   const CudaDeviceGuard device_guard(in.where == Where::cuda ? in.q.device_id : -1);
   AttentionProblem p;
@@ -169,6 +169,7 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   }
   AttentionConfig config;
   config.threads = threads.value_or(0);
+  config.plan = parse_plan_overrides(plan);
   config.backend = in.where == Where::cuda ? Backend::Cuda : backend == "reference" ? Backend::Reference : Backend::Cpu;
   if (in.where == Where::cuda ? backend != "auto" && backend != "cuda"
                               : backend != "auto" && backend != "cpu" && backend != "reference") {
@@ -215,7 +216,7 @@ void register_sequences(nb::module_& m) {
         nb::arg("key_lengths").none(), nb::arg("head_sink").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("causal"), nb::arg("window").none(), nb::arg("softcap").none(), nb::arg("scale").none(),
         nb::arg("masked_rows_zero"), nb::arg("return_lse"), nb::arg("out").none(), nb::arg("hnd"),
-        nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"),
+        nb::arg("threads").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("alloc"), nb::arg("plan"),
         "Ragged batches and paged K/V (host or CUDA arrays); see attnkit.attention_varlen. Returns (out, lse or "
         "None).");
 }

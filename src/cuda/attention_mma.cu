@@ -217,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   // Dense and ragged keys: one base and one row stride per head; paged keys: a page lookup per row (the plain
   // build is never paged).
   const bool paged = !kPlain && pages_keys(p);
+  if (paged) prefetch_block_table_rows(p, c.b, lo, hi);
   const std::byte* k_head = static_cast<const std::byte*>(p.k) +
                             bytes_of(kPlain ? p.lk.index(c.b, c.kvh, 0) : key_row_base(p, p.lk, entry, c.b, c.kvh));
   const std::byte* v_head = static_cast<const std::byte*>(p.v) +
