@@ -82,14 +82,13 @@ def decode_rows(rep, gen):
     err = close(dense_mma(), ref, "dense on mma.sync")
     us = timed(dense_mma, rep)
     rows.append(("paged decode: dense cache on the mma.sync kernel", B, us, visible_bytes / us / 1e6, dense_us / us, err))
-    for page in (16, 64):
+    for page in (16, 64, 256):
         k_pages, v_pages, table = paged(k, v, lengths, page, gen)
-        for plan, note in (("", ""), ("off=page-prefetch", ", no block-table prefetch")):
-            call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens,  # noqa: E731
-                                             layout="bshd", plan=plan)
-            err = close(call(), ref, f"paged {page}")
-            us = timed(call, rep)
-            rows.append((f"paged decode: pages of {page}{note}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
+        call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens, layout="bshd")  # noqa: E731
+        err = close(call(), ref, f"paged {page}")
+        us = timed(call, rep)
+        rows.append((f"paged decode: pages of {page}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
+        del k_pages, v_pages
     B = 32
     lengths = torch.randint(1, cap + 1, (B,), generator=gen, dtype=torch.int32)
     lens = lengths.cuda()
@@ -170,7 +169,9 @@ def main():
     rows = decode_rows(args.rep, gen)
     prefill, lengths = prefill_rows(args.rep, gen)
     rows += prefill
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # (the bundle's commit where the binaries came from one: scripts/gpu-check exports it)
+    commit = os.environ.get("ATTNKIT_COMMIT") or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"# CUDA sequences (ragged, paged) against dense, {datetime.date.today()}", "",
              f"device: {torch.cuda.get_device_name()} | commit: {commit} | torch {torch.__version__} | "
              f"timing: CUDA-graph replay median (rep {args.rep} ms) | command: {' '.join(sys.argv)}", "",

@@ -30,7 +30,6 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"merge-pdl", "the merge pass's programmatic launch"},
       {"call-pdl", "a plain call's programmatic launch of its tile kernel"},
       {"heavy-first", "the heavy-first order of causal row blocks (index order instead)"},
-      {"page-prefetch", "the paged K/V blocks' prefetch of their block-table entries into L1"},
       {"query-rotary", "the GQA op's rotary of Q inside the attention kernel (its pre-pass rotates Q)"},
       {"prepass-vector", "the GQA op's vector pre-pass kernel (the general one runs)"},
       {"upload-kernel", "the GQA op's small-array upload by kernel parameters (a copy runs)"},

@@ -217,7 +217,16 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   // Dense and ragged keys: one base and one row stride per head; paged keys: a page lookup per row (the plain
   // build is never paged).
   const bool paged = !kPlain && pages_keys(p);
-  if (paged) prefetch_block_table_rows(p, c.b, lo, hi);
+  // Pages that hold whole key tiles (page size a multiple of the tile; tiles start on multiples of it): one
+  // block-table lookup per tile, then the rows one stride apart as in a dense cache. Built for sm_90 at tiles of
+  // up to 64 keys: the 128-key tiles of head dim 32 (three blocks per SM) and the sm_80 build at head dims 64 and
+  // 256 spilled with it; their pages take the per-row lookups.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kTilesInPagesBuilt = false;
+#else
+  constexpr bool kTilesInPagesBuilt = kTileKeys <= 64;
+#endif
+  const bool tiles_in_pages = kTilesInPagesBuilt && paged && p.seq.page_size % kTileKeys == 0;
   const std::byte* k_head = static_cast<const std::byte*>(p.k) +
                             bytes_of(kPlain ? p.lk.index(c.b, c.kvh, 0) : key_row_base(p, p.lk, entry, c.b, c.kvh));
   const std::byte* v_head = static_cast<const std::byte*>(p.v) +
@@ -232,23 +241,33 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
         const std::int64_t key = valid ? k0 + j : k0;
         const int chunk = (tid % kCopyChunks) * 16;
         const int at = (buffer * kTileKeys + j) * kRawRow + chunk;
-        const std::byte* k_src = paged ? static_cast<const std::byte*>(p.k) + bytes_of(paged_key_index(p, p.lk, c.b, c.kvh, key))
-                                       : k_head + key * k_row_bytes;
-        const std::byte* v_src = paged ? static_cast<const std::byte*>(p.v) + bytes_of(paged_key_index(p, p.lv, c.b, c.kvh, key))
-                                       : v_head + key * v_row_bytes;
+        const auto* k_values = static_cast<const std::byte*>(p.k);
+        const auto* v_values = static_cast<const std::byte*>(p.v);
+        const std::byte* k_src =
+            paged ? k_values + bytes_of(paged_key_index(p, p.lk, c.b, c.kvh, key)) : k_head + key * k_row_bytes;
+        const std::byte* v_src =
+            paged ? v_values + bytes_of(paged_key_index(p, p.lv, c.b, c.kvh, key)) : v_head + key * v_row_bytes;
         cp_async16(raw_k + at, k_src + chunk, valid);
         cp_async16(raw_v + at, v_src + chunk, valid);
       }
-    } else if (paged) {
+    } else if (paged && !tiles_in_pages) {
       const T* k_tensor = static_cast<const T*>(p.k);
       const T* v_tensor = static_cast<const T*>(p.v);
       copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch, n, qk_dim, by_elements,
                                    [&](int j) { return k_tensor + paged_key_index(p, p.lk, c.b, c.kvh, k0 + j); });
       copy_tile<T, DV, kTileKeys>(vs + buffer * kTileKeys * kVPitch, n, v_dim, by_elements,
                                   [&](int j) { return v_tensor + paged_key_index(p, p.lv, c.b, c.kvh, k0 + j); });
-    } else {
+    } else {  // rows one stride apart: dense and ragged keys, or a tile inside one page
       const T* k_first = reinterpret_cast<const T*>(k_head) + k0 * p.lk.row_stride;
       const T* v_first = reinterpret_cast<const T*>(v_head) + k0 * p.lv.row_stride;
+      if (tiles_in_pages) {
+        const std::int64_t tile_start = k0 / kTileKeys * kTileKeys;
+        const PageRow at = page_row_of(p, static_cast<int>(tile_start));
+        const std::int64_t page = p.seq.block_table[c.b * p.seq.max_pages_per_seq + at.column];
+        const std::int64_t row0 = at.row + (k0 - tile_start);
+        k_first = static_cast<const T*>(p.k) + page_row_index(p.lk, page, c.kvh, row0);
+        v_first = static_cast<const T*>(p.v) + page_row_index(p.lv, page, c.kvh, row0);
+      }
       const std::int64_t k_stride = p.lk.row_stride, v_stride = p.lv.row_stride;
       copy_tile<T, DQK, kTileKeys>(ks + buffer * kTileKeys * kQkPitch, n, qk_dim, by_elements,
                                    [=](int j) { return k_first + j * k_stride; });

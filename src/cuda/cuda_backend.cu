@@ -118,7 +118,6 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
                : plan.kernel == CudaPlan::Kernel::Tf32      ? !(tf32_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
                                                             : false;
   k.has_sequences = p.sequences.any();
-  k.prefetch_block_table = p.sequences.paged() && !plan.overrides.is_off("page-prefetch");
   if (k.has_sequences) {
     k.seq = core::sequence_access(p, a);
     k.total_q = p.sequences.total_q;

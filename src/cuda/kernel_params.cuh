@@ -117,7 +117,6 @@ struct KernelParams {
   // memory, never read on the host; check_sequences_kernel records, per entry, which of them are out of range
   // (entry_faults, in the scratch), before any kernel that reads them.
   bool has_sequences;
-  bool prefetch_block_table;  // paged: prefetch_block_table_rows (PlanOverrides: off=page-prefetch)
   core::SequenceAccess seq;
   std::int64_t total_q, total_k, num_pages;
   const std::int32_t* entry_faults;
@@ -458,6 +457,20 @@ __device__ __forceinline__ std::int64_t key_row_base(const KernelParams& p, cons
   return p.has_sequences && p.seq.ragged_k ? l.index(0, kvh, e.first_key) : l.index(b, kvh, 0);
 }
 __device__ __forceinline__ bool pages_keys(const KernelParams& p) { return p.has_sequences && p.seq.paged(); }
+// Key j's page (its block-table column) and row in the page.
+struct PageRow {
+  int column, row;
+};
+__device__ __forceinline__ PageRow page_row_of(const KernelParams& p, int j) {
+  const int page_size = static_cast<int>(p.seq.page_size);
+  const int column = j / page_size;
+  return {column, j - column * page_size};
+}
+// Value index of row `row` of page `page` of K/V head kvh.
+__device__ __forceinline__ std::int64_t page_row_index(const DeviceLayout& l, std::int64_t page, std::int64_t kvh,
+                                                       std::int64_t row) {
+  return l.offset + page * l.batch_stride + kvh * l.head_stride + row * l.row_stride;
+}
 __device__ __forceinline__ std::int64_t paged_key_index(const KernelParams& p, const DeviceLayout& l, std::int64_t b,
                                                         std::int64_t kvh, std::int64_t key) {
   const int j = static_cast<int>(key);  // (key ranges fit in int)
@@ -465,22 +478,6 @@ __device__ __forceinline__ std::int64_t paged_key_index(const KernelParams& p, c
   const std::int64_t page = p.seq.block_table[b * p.seq.max_pages_per_seq + j / page_size];
   return l.offset + page * l.batch_stride + kvh * l.head_stride + (j % page_size) * l.row_stride;
 }
-// Paged keys: the block-table entries of keys [lo, hi) of entry b into L1 at a block's start (prefetches, no
-// stall), so that the per-key page lookups in front of each tile's copies, on which those copies' addresses
-// depend, hit L1 rather than wait for L2.
-__device__ __forceinline__ void prefetch_block_table_rows(const KernelParams& p, std::int64_t b, int lo, int hi) {
-  if (!p.prefetch_block_table || lo >= hi) return;
-  constexpr int kEntriesPerLine = 32;  // 128-byte lines of int32
-  const int page_size = static_cast<int>(p.seq.page_size);
-  const int first = lo / page_size, last = (hi - 1) / page_size;
-  const std::int32_t* row = p.seq.block_table + b * p.seq.max_pages_per_seq;
-  for (int i = first + static_cast<int>(threadIdx.x) * kEntriesPerLine; i <= last;
-       i += static_cast<int>(blockDim.x) * kEntriesPerLine) {
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row + i));
-  }
-  if (threadIdx.x == 0) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row + last));  // (a line the stride skips)
-}
-
 __device__ __forceinline__ std::int64_t key_index(const KernelParams& p, const DeviceLayout& l,
                                                   const core::SequenceRows& e, std::int64_t b, std::int64_t kvh,
                                                   std::int64_t key) {

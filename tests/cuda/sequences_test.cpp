@@ -148,6 +148,7 @@ TEST(CudaSequences, PagedKvMatchesEachSequenceAloneOnEveryKernel) {
       s.q_lens = variant == 1 ? std::vector<std::int64_t>(5, 1) : random_lengths(rng, 5, 40);
       s.causal = variant != 2;
       if (variant == 3) s.softcap = 30.0f;
+      if (variant == 0) s.window = 100;  // (a block's first key off the tiles' start: the row offset in a page)
       check_on_every_kernel(Batch(s, 40 + page + variant), s);
     }
   }
