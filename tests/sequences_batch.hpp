@@ -403,5 +403,34 @@ inline std::vector<std::int64_t> random_lengths(std::mt19937& rng, std::int64_t 
   return lens;
 }
 
+// The sizes of the ragged variants (ragged_variant) a backend's tests run.
+struct RaggedSizes {
+  std::int64_t head_dim;            // of variants 1, 2, 4 and 5 (variant 3: 40)
+  std::int64_t first_head_dim;      // of variant 0
+  std::int64_t narrow_v_head_dim;   // variant 4's V dim
+  std::int64_t longest_q, longest_q_of_variant_5, longest_k;
+};
+
+// Ragged batch variant 0-5 of six sequences: 4 / 2 or 6 / 1 heads, one dim of 40 and one narrower V dim, causal or
+// not, a window, a softcap, a head sink, zero masked rows; each draws its lengths from `rng`, with an empty
+// sequence, a one-row one and the longest (queries with no keys, keys with no queries).
+inline BatchSpec ragged_variant(std::mt19937& rng, DType t, int variant, const RaggedSizes& z) {
+  BatchSpec s;
+  s.dtype = t;
+  s.heads = variant % 2 == 0 ? 4 : 6;
+  s.kv_heads = variant % 2 == 0 ? 2 : 1;
+  s.head_dim = variant == 3 ? 40 : variant == 0 ? z.first_head_dim : z.head_dim;
+  s.v_head_dim = variant == 4 ? z.narrow_v_head_dim : s.head_dim;
+  s.q_lens = random_lengths(rng, 6, variant == 5 ? z.longest_q_of_variant_5 : z.longest_q);
+  s.k_lens = random_lengths(rng, 6, z.longest_k);
+  std::swap(s.k_lens[0], s.k_lens[5]);
+  s.causal = variant % 3 != 0;
+  if (variant == 2) s.window = 17;
+  if (variant == 1) s.softcap = 5.0f;
+  s.sink = variant == 4;
+  s.masked_rows = variant == 5 ? MaskedRows::Zero : MaskedRows::Nan;
+  return s;
+}
+
 }  // namespace
 }  // namespace attnkit

@@ -12,20 +12,7 @@ TEST(Sequences, RaggedBatchesMatchEachSequenceAlone) {
   std::mt19937 rng(31);
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     for (int variant = 0; variant < 6; ++variant) {
-      BatchSpec s;
-      s.dtype = t;
-      s.heads = variant % 2 == 0 ? 4 : 6;
-      s.kv_heads = variant % 2 == 0 ? 2 : 1;
-      s.head_dim = variant == 3 ? 40 : 24;
-      s.v_head_dim = variant == 4 ? 16 : s.head_dim;
-      s.q_lens = random_lengths(rng, 6, variant == 5 ? 150 : 90);
-      s.k_lens = random_lengths(rng, 6, 200);
-      std::swap(s.k_lens[0], s.k_lens[5]);  // (queries with no keys, keys with no queries)
-      s.causal = variant % 3 != 0;
-      if (variant == 2) s.window = 17;
-      if (variant == 1) s.softcap = 5.0f;
-      s.sink = variant == 4;
-      s.masked_rows = variant == 5 ? MaskedRows::Zero : MaskedRows::Nan;
+      const BatchSpec s = ragged_variant(rng, t, variant, {24, 24, 16, 90, 150, 200});
       const Batch batch(s, 100 + variant);
       check_batch(batch, s, Backend::Reference);
       const auto whole = check_batch(batch, s, Backend::Cpu);

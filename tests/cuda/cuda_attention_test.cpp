@@ -6,6 +6,7 @@
 #include <testing/device_mirror.hpp>
 
 #include "forced_plan.hpp"
+#include "gpu_test_support.hpp"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -19,15 +20,6 @@
 namespace attnkit::testing {
 namespace {
 
-bool have_gpu() {
-  const auto b = available_backends();
-  return std::find(b.begin(), b.end(), Backend::Cuda) != b.end();
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
 // The plan overrides every op of this binary runs with first: its `--plan=...` argument (PlanOverrides' text
 // form; scripts/gpu-check runs the binary so with the wgmma kernel everywhere and nowhere). "": none.

@@ -10,18 +10,14 @@
 
 #include "../gqa_checks.hpp"
 #include "forced_plan.hpp"
+#include "gpu_test_support.hpp"
 
 namespace attnkit::test {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+using ::attnkit::testing::check;
+using ::attnkit::testing::have_gpu;
 
-void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
 // Device copies of a call's buffers; views re-pointed at them. The small inputs the op may read on the host
 // (seqlens_k, total_sequence_length, position_ids, head_sink, scales) stay on the host unless asked.

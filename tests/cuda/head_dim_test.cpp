@@ -5,6 +5,8 @@
 #include <testing/case_data.hpp>
 #include <testing/device_mirror.hpp>
 
+#include "gpu_test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,10 +16,6 @@
 namespace attnkit::testing {
 namespace {
 
-bool have_gpu() {
-  const auto b = available_backends();
-  return std::find(b.begin(), b.end(), Backend::Cuda) != b.end();
-}
 
 std::vector<std::int64_t> swept_head_dims() {
   std::vector<std::int64_t> dims;

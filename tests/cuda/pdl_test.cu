@@ -6,6 +6,8 @@
 #include <testing/case_data.hpp>
 #include <testing/device_mirror.hpp>
 
+#include "gpu_test_support.hpp"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -16,12 +18,6 @@
 namespace attnkit::testing {
 namespace {
 
-bool have_gpu() {
-  const auto b = available_backends();
-  return std::find(b.begin(), b.end(), Backend::Cuda) != b.end();
-}
-
-void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
 // Lets the next kernel launch, waits about `delay_cycles`, then copies `words` 4-byte words from src to dst.
 __global__ void write_late(std::uint32_t* dst, const std::uint32_t* src, std::int64_t words, long long delay_cycles) {

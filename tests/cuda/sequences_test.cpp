@@ -6,21 +6,14 @@
 #include "../sequences_batch.hpp"
 
 #include "forced_plan.hpp"
+#include "gpu_test_support.hpp"
 
 #include <cuda_runtime.h>
 
 namespace attnkit {
 namespace {
 
-bool have_gpu() {
-  const auto b = available_backends();
-  return std::find(b.begin(), b.end(), Backend::Cuda) != b.end();
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+using testing::check;
 
 // Device copies of a batch's buffers, by host address, freed with the object.
 class DeviceCopies {
@@ -109,20 +102,7 @@ TEST(CudaSequences, RaggedBatchesMatchEachSequenceAloneOnEveryKernel) {
   std::mt19937 rng(31);
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     for (int variant = 0; variant < 6; ++variant) {
-      BatchSpec s;
-      s.dtype = t;
-      s.heads = variant % 2 == 0 ? 4 : 6;
-      s.kv_heads = variant % 2 == 0 ? 2 : 1;
-      s.head_dim = variant == 3 ? 40 : variant == 0 ? 128 : 64;
-      s.v_head_dim = variant == 4 ? 32 : s.head_dim;
-      s.q_lens = random_lengths(rng, 6, variant == 5 ? 300 : 90);
-      s.k_lens = random_lengths(rng, 6, 400);
-      std::swap(s.k_lens[0], s.k_lens[5]);  // (queries with no keys, keys with no queries)
-      s.causal = variant % 3 != 0;
-      if (variant == 2) s.window = 17;
-      if (variant == 1) s.softcap = 5.0f;
-      s.sink = variant == 4;
-      s.masked_rows = variant == 5 ? MaskedRows::Zero : MaskedRows::Nan;
+      BatchSpec s = ragged_variant(rng, t, variant, {64, 128, 32, 90, 300, 400});
       if (variant == 3) s.ragged_k = false;  // ragged queries over padded keys with key lengths
       check_on_every_kernel(Batch(s, 100 + variant), s);
     }
