@@ -135,7 +135,8 @@ Arg draw_sequence_array(FuzzedDataProvider& in, std::int64_t count, std::int64_t
   std::int64_t at = 0;
   for (std::int64_t i = 0; i < a.elements; ++i) {
     constexpr std::int64_t kTop = std::numeric_limits<std::int32_t>::max();
-    const std::int64_t most = std::clamp<std::int64_t>(cumulative ? step : below - 1, 0, kTop);
+    // (below may be any drawn int64: below - 1 only where it cannot overflow)
+    const std::int64_t most = std::clamp<std::int64_t>(cumulative ? step : below > 0 ? below - 1 : 0, 0, kTop);
     const std::int64_t x = in.ConsumeIntegralInRange<std::int64_t>(0, most);
     at = std::min(cumulative ? (i == 0 ? 0 : at + x) : x, kTop);  // (both terms at most 2^31: no overflow)
     v[i] = static_cast<std::int32_t>(at);
