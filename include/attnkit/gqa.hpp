@@ -144,6 +144,13 @@ class GroupQueryAttention {
   // object per thread, or a lock around run() (as the Python binding does, per cached op). Distinct objects share
   // nothing and run concurrently.
   void run(const GqaInputs& inputs, const GqaOutputs& outputs);
+  // The same on `stream` (Cuda) instead of config.stream, so that one op (and its device memory) serves several
+  // streams: a decode step warmed up on one stream and captured into a CUDA graph on another. A call on another
+  // stream than the last call waits, on the device, for that call's work. A captured call allocates nothing (run
+  // the step once before capturing, or it throws naming `stream`), reads no device input back (seqlens_k and the
+  // other host-read inputs must be host memory), and the graph uses the op's memory: keep the op while the graph
+  // may replay, and do not replay it while another call of the op runs.
+  void run(const GqaInputs& inputs, const GqaOutputs& outputs, void* stream);
   // What the last run did: the step (first prompt, decode, chunk), the cache mode, and the core's kernel.
   std::string describe() const;
 

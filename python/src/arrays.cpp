@@ -245,6 +245,20 @@ void copy_device_to_host(void* dst, const void* src, std::size_t bytes, void* st
 #endif
 }
 
+bool stream_capturing(void* stream) {
+#if defined(ATTNKIT_PYTHON_HAS_CUDA)
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  return false;
+#endif
+}
+
 CudaDeviceGuard::CudaDeviceGuard(int device) {
 #if defined(ATTNKIT_PYTHON_HAS_CUDA)
   if (device >= 0 && cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {

@@ -65,6 +65,8 @@ bool cuda_usable();
 // Copies `bytes` bytes from CUDA device memory to the host, ordered after the work already queued on `stream`
 // (a cudaStream_t; null: the default stream), and waits for them. Only reached when cuda_usable().
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes, void* stream, const std::string& what);
+// Whether `stream` is capturing a CUDA graph now (false without CUDA in the build).
+bool stream_capturing(void* stream);
 
 // Makes the arrays' CUDA device current while an op plans and runs (plans read the device's SM count, scratch is
 // allocated on it), and puts the caller's device back afterwards. Does nothing for device < 0 (host arrays).

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <map>
@@ -124,8 +125,9 @@ nb::tuple shape_tuple(const std::vector<std::int64_t>& d) {
 
 // Ops by attributes and configuration, kept between calls: an op keeps its scratch (the rotated Q, the attention
 // core's tiles; device memory on CUDA), so a decode loop does not allocate on every step. The key holds the
-// backend, the CUDA device (the scratch lives there) and the stream (an op is built for one stream, and two
-// streams must not share scratch: a call returns while its kernels are still queued).
+// backend and the CUDA device (the scratch lives there), not the stream: each call passes its stream, and the op
+// orders a call on a new stream after the last one. So a step warmed up on one stream finds its memory ready when
+// torch.cuda.graph captures it on the capture stream.
 //
 // A call holds its op by shared ownership from the lookup to the end of its run: eviction (the table is bounded)
 // only drops the table's reference, so neither another thread nor an input whose __dlpack__ calls the op again
@@ -135,6 +137,7 @@ struct CachedOp {
   explicit CachedOp(const GqaAttributes& a, const GqaConfig& c) : op(a, c) {}
   GroupQueryAttention op;
   std::mutex lock;
+  std::atomic<bool> in_graph{false};  // a call was captured: a graph uses its memory, so it is never evicted
 };
 
 std::shared_ptr<CachedOp> cached_op(const GqaAttributes& a, const GqaConfig& c, int device) {
@@ -156,8 +159,7 @@ std::shared_ptr<CachedOp> cached_op(const GqaAttributes& a, const GqaConfig& c, 
                           num(a.local_window_size) + num(a.causal) + num(a.do_rotary) + num(a.rotary_interleaved) +
                           num(a.smooth_softmax) + num(a.qk_output) + a.k_quant_type + "|" + a.v_quant_type + "|" +
                           num(a.kv_cache_bit_width) + num(a.sliding_window_cache) + num(a.qk_norm_epsilon) +
-                          num(c.threads) + num(static_cast<int>(c.backend)) + num(device) +
-                          num(reinterpret_cast<std::uintptr_t>(c.stream));
+                          num(c.threads) + num(static_cast<int>(c.backend)) + num(device);
   std::lock_guard<std::mutex> guard(table_lock);
   auto it = table->find(key);
   if (it != table->end()) return it->second;
@@ -166,7 +168,7 @@ std::shared_ptr<CachedOp> cached_op(const GqaAttributes& a, const GqaConfig& c, 
     // Drop the ops no call holds now (simple and bounded); one still held is freed by its last call. A CUDA op
     // may still have kernels queued: its destructor owns releasing its device scratch safely.
     for (auto i = table->begin(); i != table->end();) {
-      i = i->second.use_count() == 1 ? table->erase(i) : std::next(i);
+      i = i->second.use_count() == 1 && !i->second->in_graph ? table->erase(i) : std::next(i);
     }
   }
   table->emplace(key, op);
@@ -293,7 +295,8 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
   {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> guard(cached->lock);
-    cached->op.run(inputs, outputs);  // checks every input and output before it writes (CUDA: then queues)
+    if (place.cuda && stream_capturing(config.stream)) cached->in_graph = true;
+    cached->op.run(inputs, outputs, config.stream);  // checks every input and output before it writes (CUDA: then queues)
   }
   if (qk_output != 0) return nb::make_tuple(results[0], results[1], results[2], results[3]);
   return nb::make_tuple(results[0], results[1], results[2]);

@@ -26,6 +26,8 @@ void launch_append(const AppendStep&, void*) { throw Error("config.backend", "th
 struct DeviceWorkspace::State {};
 DeviceWorkspace::DeviceWorkspace() = default;
 DeviceWorkspace::~DeviceWorkspace() = default;
+bool DeviceWorkspace::begin_call(void*) { return false; }
+void DeviceWorkspace::end_call(void*) {}
 std::byte* DeviceWorkspace::device(std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 std::byte* DeviceWorkspace::stage(std::size_t, bool) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 void DeviceWorkspace::upload(void*, std::size_t, void*) {}

@@ -84,6 +84,14 @@ class DeviceWorkspace {
   DeviceWorkspace(const DeviceWorkspace&) = delete;
   DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
 
+  // Starts a call on `stream` and says whether that stream is capturing a CUDA graph. A call on another stream
+  // than the last one that ran (not captured) first waits, on the device, for that call's work: the memory is
+  // shared. A capturing call must not allocate (device() throws) and uploads everything by kernel parameters, which
+  // the graph keeps; once a call was captured, upload_kept uploads on every call (a replay rewrites those bytes)
+  // and memory that has to grow is kept, not freed, until the workspace goes (a graph may still use it).
+  bool begin_call(void* stream);
+  // Ends the call begun on `stream` (records where the next call on another stream must wait).
+  void end_call(void* stream);
   // A device buffer of at least `bytes` (256-byte aligned parts are the caller's business).
   std::byte* device(std::size_t bytes);
   // A host buffer of at least `bytes`, free to fill: up to 32,512 bytes a plain one (upload() passes it as

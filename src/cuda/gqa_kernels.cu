@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -278,6 +279,13 @@ struct DeviceWorkspace::State {
   std::vector<std::byte> kept;
   void* kept_dst = nullptr;
   std::uint64_t kept_generation = 0;
+  // Streams and graphs (begin_call).
+  cudaStream_t last_stream = nullptr;
+  cudaEvent_t last_done = nullptr;  // recorded at the end of the last call that ran (not captured)
+  bool has_last = false;
+  bool capturing = false;         // this call's stream is capturing a graph
+  bool captured = false;          // some call was captured: a graph may hold `device` and rewrite the kept arrays
+  std::vector<void*> retired;     // device buffers a graph may still use, freed with the workspace
 };
 
 DeviceWorkspace::DeviceWorkspace() : state_(std::make_unique<State>()) {}
@@ -290,18 +298,53 @@ DeviceWorkspace::~DeviceWorkspace() {
     }
     if (slot.host != nullptr) cudaFreeHost(slot.host);
   }
+  if (state_->last_done != nullptr) cudaEventDestroy(state_->last_done);
   // Kernels of the last call may still read this memory: cudaFree waits for the device.
   if (state_->device != nullptr) cudaFree(state_->device);
+  for (void* old : state_->retired) cudaFree(old);
+}
+
+bool DeviceWorkspace::begin_call(void* stream) {
+  State& s = *state_;
+  const auto st = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(st, &status), "cudaStreamIsCapturing");
+  s.capturing = status != cudaStreamCaptureStatusNone;
+  s.captured = s.captured || s.capturing;
+  // A captured call runs at the graph's replays, which the caller orders; only a call that runs now waits.
+  if (!s.capturing && s.has_last && s.last_stream != st) {
+    check(cudaStreamWaitEvent(st, s.last_done, 0), "cudaStreamWaitEvent");
+  }
+  return s.capturing;
+}
+
+void DeviceWorkspace::end_call(void* stream) {
+  State& s = *state_;
+  if (s.capturing) return;
+  if (s.last_done == nullptr) {
+    check(cudaEventCreateWithFlags(&s.last_done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  const auto st = static_cast<cudaStream_t>(stream);
+  check(cudaEventRecord(s.last_done, st), "cudaEventRecord");
+  s.last_stream = st;
+  s.has_last = true;
 }
 
 std::byte* DeviceWorkspace::device(std::size_t bytes) {
   if (bytes > state_->device_bytes) {
-    if (state_->device != nullptr) {
+    if (state_->capturing) {
+      throw Error("stream", "a CUDA graph capture cannot allocate the op's device memory (" + std::to_string(bytes) +
+                                " bytes needed, " + std::to_string(state_->device_bytes) +
+                                " held): run the same step once before capturing, on any stream");
+    }
+    if (state_->device != nullptr && state_->captured) {
+      state_->retired.push_back(state_->device);  // a graph may still use it
+    } else if (state_->device != nullptr) {
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the last call's kernels may use it
       check(cudaFree(state_->device), "cudaFree");
-      state_->device = nullptr;
-      state_->device_bytes = 0;
     }
+    state_->device = nullptr;
+    state_->device_bytes = 0;
     check(cudaMalloc(&state_->device, bytes), "cudaMalloc");
     state_->device_bytes = bytes;
     ++state_->generation;
@@ -310,7 +353,8 @@ std::byte* DeviceWorkspace::device(std::size_t bytes) {
 }
 
 std::byte* DeviceWorkspace::stage(std::size_t bytes, bool by_kernel) {
-  state_->by_params = by_kernel && bytes <= kUploadClasses[2];
+  // A graph keeps kernel parameters; it would read a pinned slot only at its replays, after later calls refilled it.
+  state_->by_params = state_->capturing || (by_kernel && bytes <= kUploadClasses[2]);
   if (state_->by_params) {
     if (state_->params.size() < bytes) state_->params.resize(bytes);
     return state_->params.data();
@@ -334,10 +378,15 @@ void DeviceWorkspace::upload(void* device_dst, std::size_t bytes, void* stream) 
   if (bytes == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
   if (state_->by_params) {
-    const std::byte* host = state_->params.data();
-    if (bytes <= kUploadClasses[0]) launch_upload<kUploadClasses[0]>(device_dst, host, bytes, st);
-    else if (bytes <= kUploadClasses[1]) launch_upload<kUploadClasses[1]>(device_dst, host, bytes, st);
-    else launch_upload<kUploadClasses[2]>(device_dst, host, bytes, st);
+    // In pieces of the largest class (only a capture stages more than that by parameters).
+    for (std::size_t done = 0; done < bytes; done += kUploadClasses[2]) {
+      const std::size_t n = std::min(bytes - done, kUploadClasses[2]);
+      const std::byte* host = state_->params.data() + done;
+      void* dst = static_cast<std::byte*>(device_dst) + done;
+      if (n <= kUploadClasses[0]) launch_upload<kUploadClasses[0]>(dst, host, n, st);
+      else if (n <= kUploadClasses[1]) launch_upload<kUploadClasses[1]>(dst, host, n, st);
+      else launch_upload<kUploadClasses[2]>(dst, host, n, st);
+    }
     return;
   }
   State::Slot& slot = state_->slots[state_->current];
@@ -356,7 +405,7 @@ void DeviceWorkspace::upload_kept(void* device_dst, const std::byte* host, std::
     s.kept_dst = nullptr;
     return;
   }
-  if (s.kept_dst == device_dst && s.kept_generation == s.generation && s.kept.size() == bytes &&
+  if (!s.captured && s.kept_dst == device_dst && s.kept_generation == s.generation && s.kept.size() == bytes &&
       std::memcmp(s.kept.data(), host, bytes) == 0) {
     return;
   }

@@ -115,8 +115,8 @@ struct GroupQueryAttention::Impl {
   std::vector<std::vector<std::byte>> host_copies;
   std::vector<std::byte> kept_stage;  // the small arrays kept from call to call, as this call has them
 
-  void run(const GqaInputs& in, const GqaOutputs& out);
-  void run_cuda(const GqaInputs& in, const GqaOutputs& out);
+  void run(const GqaInputs& in, const GqaOutputs& out, void* stream);
+  void run_cuda(const GqaInputs& in, const GqaOutputs& out, void* stream);
   std::vector<CoreCall> core_calls(const gqa::GqaPlan& g, const void* q, std::int64_t q_elements, bool q_prepared);
 };
 
@@ -253,9 +253,9 @@ void check_memory_kinds(const GqaInputs& in, const GqaOutputs& out, bool on_devi
   }
 }
 
-void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) {
+void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out, void* stream) {
   if (config.backend == Backend::Cuda) {
-    run_cuda(in, out);
+    run_cuda(in, out, stream);
     return;
   }
   check_memory_kinds(in, out, false);
@@ -362,19 +362,25 @@ void GroupQueryAttention::Impl::run(const GqaInputs& in, const GqaOutputs& out) 
   last = describe_call(g, "", calls.size(), ops.front().describe());
 }
 
-// The CUDA form of run(): the same checks and plan on the host, then on `config.stream`: the cache moves, the
+// The CUDA form of run(): the same checks and plan on the host, then on `stream`: the cache moves, the
 // fused pre-pass (Q' and the new K/V rows), the attention core reading the caches in place.
-void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOutputs& out) {
+void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOutputs& out, void* stream) {
   check_memory_kinds(in_given, out, true);
+  if (!device) device = std::make_unique<cuda::DeviceWorkspace>();
+  const bool capturing = device->begin_call(stream);
   // Host copies of the small inputs that live on the device.
   GqaInputs in = in_given;
   host_copies.resize(GqaInputs::kCount);
   for (int i : kHostReadInputs) {
     TensorView& t = in.input(i);
     if (!t.present() || t.data == nullptr || !cuda::is_device_pointer(t.data)) continue;
+    if (capturing) {
+      throw Error(std::string(gqa_input_name(i)), "is read on the host, and a CUDA graph capture cannot read device memory back: "
+                                     "pass it in host memory to capture the step");
+    }
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(t.elements(), 0)) * element_size(t.type);
     host_copies[static_cast<std::size_t>(i)].resize(bytes);
-    cuda::copy_to_host(host_copies[static_cast<std::size_t>(i)].data(), t.data, bytes, config.stream);
+    cuda::copy_to_host(host_copies[static_cast<std::size_t>(i)].data(), t.data, bytes, stream);
     t.data = host_copies[static_cast<std::size_t>(i)].data();
   }
   const gqa::GqaPlan g = gqa::plan_call(settings, in, out);
@@ -439,7 +445,6 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     small_bytes += align(small_sizes[kOrder[n]]);
   }
   const std::size_t q_bytes = prepare_q ? static_cast<std::size_t>(q_elements) * es : 0;
-  if (!device) device = std::make_unique<cuda::DeviceWorkspace>();
   std::byte* base = device->device(align(core_bytes) + align(q_bytes) + small_bytes);
   std::byte* core_scratch = base;
   std::byte* q_prepared = prepare_q ? base + align(core_bytes) : nullptr;
@@ -468,11 +473,11 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   put(2, batch_rows.data());
   if (positions > 0) put(6, g.position_ids);
   if (qk) put(7, first.data());
-  device->upload(small, call_bytes, config.stream);
+  device->upload(small, call_bytes, stream);
   if (!sinks.empty()) keep(3, sinks.data());
   if (k_scales > 0) keep(4, g.present_key.scales);
   if (v_scales > 0) keep(5, g.present_value.scales);
-  device->upload_kept(small + call_bytes, kept_stage.data(), kept_stage.size(), config.stream);
+  device->upload_kept(small + call_bytes, kept_stage.data(), kept_stage.size(), stream);
   const auto* d_key_rows = reinterpret_cast<const std::int32_t*>(small + small_at[0]);
   const auto* d_offsets = reinterpret_cast<const std::int32_t*>(small + small_at[1]);
   const auto* d_rows = reinterpret_cast<const cuda::DeviceBatchRows*>(small + small_at[2]);
@@ -488,7 +493,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     if (c.args.v_scale.data != nullptr) c.args.v_scale.data = d_v_scales;
     c.args.scratch = core_scratch;
     c.args.scratch_bytes = core_bytes;
-    c.args.stream = config.stream;
+    c.args.stream = stream;
   }
 
   // Writes start here: every check has passed.
@@ -512,7 +517,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     m.kv_heads = g.kv_heads;
     m.new_rows = g.seq;
     m.rows = d_rows;
-    cuda::launch_cache_move(m, config.stream);
+    cuda::launch_cache_move(m, stream);
   }
   cuda::AppendStep st;
   st.dtype = g.dtype;
@@ -543,7 +548,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
   st.value_cache = value_cache;
   st.rows = d_rows;
   st.vector_allowed = !config.plan.is_off("prepass-vector");
-  cuda::launch_append(st, config.stream);
+  cuda::launch_append(st, stream);
   if (rotate_in_core) {
     rotary.position_ids = d_positions;
     rotary.position_row = g.position_row;
@@ -567,6 +572,7 @@ void GroupQueryAttention::Impl::run_cuda(const GqaInputs& in_given, const GqaOut
     }
   }
 
+  device->end_call(stream);
   last = describe_call(g, " on cuda", calls.size(), cuda::describe(plans.front()), rotate_in_core);
 }
 
@@ -592,7 +598,12 @@ GroupQueryAttention::GroupQueryAttention(GroupQueryAttention&&) noexcept = defau
 GroupQueryAttention& GroupQueryAttention::operator=(GroupQueryAttention&&) noexcept = default;
 
 const GqaAttributes& GroupQueryAttention::attributes() const { return impl_->attributes; }
-void GroupQueryAttention::run(const GqaInputs& inputs, const GqaOutputs& outputs) { impl_->run(inputs, outputs); }
+void GroupQueryAttention::run(const GqaInputs& inputs, const GqaOutputs& outputs) {
+  impl_->run(inputs, outputs, impl_->config.stream);
+}
+void GroupQueryAttention::run(const GqaInputs& inputs, const GqaOutputs& outputs, void* stream) {
+  impl_->run(inputs, outputs, stream);
+}
 std::string GroupQueryAttention::describe() const { return impl_->last; }
 
 void group_query_attention(const GqaAttributes& attributes, const GqaInputs& inputs, const GqaOutputs& outputs,

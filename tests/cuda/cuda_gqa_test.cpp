@@ -342,6 +342,85 @@ TEST(CudaGqa, DecodeStepCapturesIntoACudaGraph) {
   cudaStreamDestroy(stream);
 }
 
+// The capture PyTorch makes: the step warmed up on one stream, captured on another (torch.cuda.graph's own
+// stream). The op's memory from the warm-up serves the capture; memory it must grow later (a longer call) is
+// kept for the graph, which still replays to the eager bits. A capture that would allocate, or read a device
+// input back, throws naming the argument instead of failing the capture.
+GqaOptions capture_step() {
+  GqaOptions o;
+  o.dtype = DType::bf16;
+  o.batch = 3, o.seq = 1, o.heads = 8, o.kv_heads = 2, o.head_size = 64;
+  o.lengths = {90, 7, 200};
+  o.shared = true;
+  o.rotary = true;
+  o.present_rows = 256;
+  return o;
+}
+
+std::vector<std::byte> replay(cudaGraph_t graph, cudaStream_t stream, DeviceCall& d) {
+  check(cudaMemset(d.on_device(d.c.output.data()), 0, d.c.output.size()));
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, graph, 0));
+  check(cudaGraphLaunch(exec, stream));
+  check(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  d.fetch();
+  return d.c.output;
+}
+
+TEST(CudaGqa, CaptureOnAnotherStreamUsesTheWarmedUpMemory) {
+  SKIP_WITHOUT_GPU();
+  GqaCall c = make_call(capture_step());
+  DeviceCall d(c);
+  cudaStream_t warm = nullptr, capture = nullptr;
+  check(cudaStreamCreateWithFlags(&warm, cudaStreamNonBlocking));
+  check(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+  GroupQueryAttention op(c.attrs, cuda_config());
+  ASSERT_NO_THROW(op.run(d.inputs(), d.outputs(), warm));
+  d.fetch();
+  const std::vector<std::byte> eager = c.output;
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamBeginCapture(capture, cudaStreamCaptureModeGlobal));
+  EXPECT_NO_THROW(op.run(d.inputs(), d.outputs(), capture));
+  check(cudaStreamEndCapture(capture, &graph));
+  EXPECT_EQ(replay(graph, capture, d), eager);
+
+  // A first prompt of 64 tokens with Q/K norm on the same op (its memory grows for Q'), then the graph again.
+  GqaOptions longer = capture_step();
+  longer.seq = 64;
+  longer.lengths = {64, 64, 64};
+  longer.has_past = false;
+  longer.shared = false;
+  longer.norm = true;
+  GqaCall big = make_call(longer);
+  DeviceCall big_d(big);
+  ASSERT_EQ(big.attrs.num_heads, c.attrs.num_heads);
+  ASSERT_NO_THROW(op.run(big_d.inputs(), big_d.outputs(), warm));
+  check(cudaStreamSynchronize(warm));
+  EXPECT_EQ(replay(graph, capture, d), eager);
+  cudaGraphDestroy(graph);
+
+  // A fresh op has no memory to capture with; a device seqlens_k cannot be read back in a capture.
+  DeviceCall on_device(c, true);
+  for (bool fresh : {true, false}) {
+    GroupQueryAttention other(c.attrs, cuda_config());
+    if (!fresh) ASSERT_NO_THROW(other.run(d.inputs(), d.outputs(), warm));
+    check(cudaStreamSynchronize(warm));
+    check(cudaStreamBeginCapture(capture, cudaStreamCaptureModeGlobal));
+    try {
+      other.run(fresh ? d.inputs() : on_device.inputs(), d.outputs(), capture);
+      ADD_FAILURE() << "the capture did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), fresh ? "stream" : "seqlens_k") << e.what();
+    }
+    cudaGraph_t unused = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(capture, &unused), cudaSuccess);
+    if (unused != nullptr) cudaGraphDestroy(unused);
+  }
+  cudaStreamDestroy(warm);
+  cudaStreamDestroy(capture);
+}
+
 // One call on the GPU and the same call on the CPU op (fresh inputs of `o`): the outputs within twice the
 // dtype's tolerance, the caches equal (the pre-pass computes what the CPU units compute), and, on compute
 // capability 9.0 with the default plan, `plan_has` in the op's description.
