@@ -4,12 +4,12 @@ CUDA-graph replay, median: triton.testing.do_bench_cudagraph).
 
 - Paged decode: Llama-3-8B heads (32 query / 8 K/V heads, head dim 128), bfloat16, key lengths uniform in
   [1024, 8192]; the dense call reads a right-padded cache [B, 8192, Hkv, D] with device key lengths, the paged
-  calls the same keys in shuffled pages of 16 and 64 tokens through a device block table. Reported: the visible
-  K/V's bandwidth and paged / dense bandwidth.
+  calls the same keys in shuffled pages of 16, 32, 64 and 256 tokens through a device block table, on the plan's
+  kernel and forced onto the mma.sync kernel. Reported: the visible K/V's bandwidth and paged / dense bandwidth.
 - Varlen decode: the dense call alone at batch 32, key lengths uniform in [1, 8192] (device key lengths).
 - Ragged prefill: 8 sequences of 256-4096 tokens, causal, packed (attention_varlen), against the same sequences
-  right-padded to the longest (device key lengths), and against PyTorch's varlen attention where this PyTorch
-  has it. TFLOP/s count the visible (causal) pairs of the real tokens only.
+  right-padded to the longest (device key lengths), on the plan's kernel and on mma.sync, and against PyTorch's
+  varlen attention where this PyTorch has it. TFLOP/s count the visible (causal) pairs of the real tokens only.
 
 Each sequences call is first checked against the dense call (rows within the dtype's tolerance).
 
@@ -82,12 +82,14 @@ def decode_rows(rep, gen):
     err = close(dense_mma(), ref, "dense on mma.sync")
     us = timed(dense_mma, rep)
     rows.append(("paged decode: dense cache on the mma.sync kernel", B, us, visible_bytes / us / 1e6, dense_us / us, err))
-    for page in (16, 64, 256):
+    for page in (16, 32, 64, 256):
         k_pages, v_pages, table = paged(k, v, lengths, page, gen)
-        call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens, layout="bshd")  # noqa: E731
-        err = close(call(), ref, f"paged {page}")
-        us = timed(call, rep)
-        rows.append((f"paged decode: pages of {page}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
+        for plan, shown in (("", ""), ("kernel=mma", " on the mma.sync kernel")):
+            call = lambda: attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=lens,  # noqa: E731
+                                             layout="bshd", plan=plan)
+            err = close(call(), ref, f"paged {page}{shown}")
+            us = timed(call, rep)
+            rows.append((f"paged decode: pages of {page}{shown}", B, us, visible_bytes / us / 1e6, dense_us / us, err))
         del k_pages, v_pages
     B = 32
     lengths = torch.randint(1, cap + 1, (B,), generator=gen, dtype=torch.int32)
@@ -137,6 +139,11 @@ def prefill_rows(rep, gen):
     us = timed(padded_mma, rep)
     rows.append(("ragged prefill: padded dense on the mma.sync kernel", B, us, flops / us / 1e6, padded_us / us, 0.0))
     rows.append(("ragged prefill: attention_varlen", B, ragged_us, flops / ragged_us / 1e6, padded_us / ragged_us, err))
+    ragged_mma = lambda: attnkit.attention_varlen(q, k, v, cu, cu, longest, longest, causal=True, plan="kernel=mma")  # noqa: E731
+    err = max(close(ragged_mma()[starts[b]:starts[b] + n], ref[b, :n], f"ragged {b} on mma.sync")
+              for b, n in enumerate(lengths))
+    us = timed(ragged_mma, rep)
+    rows.append(("ragged prefill: attention_varlen on the mma.sync kernel", B, us, flops / us / 1e6, padded_us / us, err))
     varlen = torch_varlen()
     if varlen is not None and hasattr(varlen, "varlen_attn"):
         kr = k.repeat_interleave(HQ // HKV, dim=1)

@@ -14,6 +14,10 @@
 // previous tile's O += P_{t-1} V_{t-1} back to back, hands over, and then runs tile t's softmax while the other
 // warpgroup's MMAs run. The scores, the online softmax and the finish are fragment_softmax.cuh's, the same code
 // as the mma.sync kernel: float32 accumulation, the normaliser sums the rounded P, no atomics, bit-identical runs.
+//
+// Ragged and paged sequences (float K/V) run the general build: rows and keys come from the entry (entry_rows,
+// setup_rows), ragged keys are rows of one TMA tensor from the entry's first key on, and a paged cache is a TMA
+// tensor of pages whose tiles the producer warp loads page by page (issue_paged_tile).
 #include "block_phases.cuh"
 #include "fragment_softmax.cuh"
 #include "hopper.cuh"
@@ -179,7 +183,15 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
           ? p.rotary.first_position[c.b * p.rotary.first_position_stride]
           : 0;
   std::int64_t first_row = c.row_block * kBlockRows;
-  int rows = static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
+  // Ragged or paged sequences (the general build of one or two blocks per SM, K/V of the query's type): the
+  // entry's own queries and keys (its rows may end before the grid's maxima).
+  constexpr bool kSequences = !kPlain && !kQuantized && !kThree;
+  const core::SequenceRows entry = kSequences ? entry_rows(p, c.b) : core::SequenceRows{};
+  int rows = kSequences ? block_rows(p, entry, first_row, kBlockRows)
+                        : static_cast<int>(min64(kBlockRows, p.group_rows - first_row));
+  // A block past its entry's queries has nothing to do (the splits of a cluster share the entry, so all of them
+  // leave together).
+  if (kSequences && p.has_sequences && rows == 0) return;
   // A block of at most 64 rows (a decode step: a K/V head's few query rows over a long cache) runs on consumer
   // warpgroup 0 alone, without turns: warpgroup 1 would spend the tensor cores on padding rows while the
   // stream waits for both to release each slot.
@@ -187,7 +199,11 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const int consumer_threads = solo ? 128 : kConsumerThreads;
   // The g-th tile through the ring (a block's tile t; a persistent block's units count on) of K and V, keys from
   // t0, into its slots by TMA, once the consumers have freed them.
+  // Ragged keys sit in one tensor of total_k rows (warpgroup_maps): the entry's keys start at its first row.
+  const bool ragged_keys = kSequences && p.has_sequences && p.seq.ragged_k;
   auto issue_kv_tile = [&](int g, int t0) {
+    const int key_row = ragged_keys ? static_cast<int>(entry.first_key) + t0 : t0;
+    const int key_batch = ragged_keys ? 0 : static_cast<int>(c.b);
     const int slot = g % kSlots;
     const unsigned parity = (g / kSlots) % 2;
     // One of K and V: wait for its slot to be free, then its D / 64 boxes onto the slot's full barrier.
@@ -196,8 +212,38 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       sm90::mbarrier_arrive_expect(&full[slot], kTileBytes);
 #pragma unroll
       for (int b = 0; b < D / 64; ++b) {
-        sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128, map, b * 64, t0, static_cast<int>(c.kvh),
-                          static_cast<int>(c.b), &full[slot]);
+        sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128, map, b * 64, key_row,
+                          static_cast<int>(c.kvh), key_batch, &full[slot]);
+      }
+    };
+    issue(k_empty, k_full, ks, &maps.k);
+    issue(v_empty, v_full, vs, &maps.v);
+  };
+  // A paged cache (float K/V; pages of 8 keys or more that divide the tile or that it divides, warpgroup_maps'
+  // boxes): tile t0's pages box by box, one lane of the producer warp per box and its block-table entry, so the
+  // lookups overlap. Only the boxes that hold keys below hi are read; the slot's other rows keep old keys, which
+  // the scores mask and prepare_v zeroes in V.
+  auto issue_paged_tile = [&](int g, int t0, int hi) {
+    const int slot = g % kSlots;
+    const unsigned parity = (g / kSlots) % 2;
+    const int page_size = static_cast<int>(p.seq.page_size);
+    const int box_keys = page_size < kTileKeys ? page_size : kTileKeys;
+    const int boxes = (min(hi - t0, kTileKeys) + box_keys - 1) / box_keys;
+    const int key = t0 + lane * box_keys;
+    const int column = key / page_size;
+    const int page = lane < boxes ? p.seq.block_table[c.b * p.seq.max_pages_per_seq + column] : 0;
+    const int row = key - column * page_size;
+    const unsigned bytes = static_cast<unsigned>(boxes * box_keys * 128 * (D / 64));
+    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map) {
+      sm90::mbarrier_wait(&empty[slot], parity ^ 1);
+      if (lane == 0) sm90::mbarrier_arrive_expect(&full[slot], bytes);
+      __syncwarp();
+      if (lane < boxes) {
+#pragma unroll
+        for (int b = 0; b < D / 64; ++b) {
+          sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128 + lane * box_keys * 128, map, b * 64, row,
+                            static_cast<int>(c.kvh), page, &full[slot]);
+        }
       }
     };
     issue(k_empty, k_full, ks, &maps.k);
@@ -220,7 +266,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         row = row_of(p, c.kvh, first_row + r);
       }
       // (chunks past the real head dim of the bucket D are zeros)
-      cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + p.lq.index(c.b, row.head, row.query) + ch * 8,
+      const std::int64_t at =
+          kSequences ? query_row_index(p, p.lq, c.b, row.head, row.query) : p.lq.index(c.b, row.head, row.query);
+      cp_async16(qs + swizzled_chunk(kBlockRows, r, ch), q + at + ch * 8,
                  r < rows && (!p.bucketed || ch * 8 < p.head_dim));
     }
     cp_async_commit();
@@ -229,7 +277,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // K and V and all of Q can be in flight before the row setup, whose time then covers their latency (most of
   // a one-tile block's). Not in a launch that overlaps the previous kernel (the GQA pre-pass writes Q and K/V)
   // nor from a quantized cache (its raw ring) nor with a rotary (Q goes through the rotation after the setup).
-  const bool early = kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0));
+  // (Nor for sequences: an entry's keys and rows are known after its setup.)
+  const bool early =
+      kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0) && !p.has_sequences);
   // The plain build takes Q by TMA where the host could describe it (a box of `group` heads x rows / group
   // queries is the block's rows in row_of's order): one thread's copies instead of every consumer thread's
   // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
@@ -280,7 +330,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   ATTNKIT_PHASE(2)
   // Plain: every row sees the block's whole key range, and the barrier only publishes the initialised mbarriers.
   const BlockKeys keys = kPlain ? plain_block_keys(c)
-                                : setup_rows<kBlockRows>(p, c, first_row, rows, entry_rows(p, c.b), tables);  // syncs
+                                : setup_rows<kBlockRows>(p, c, first_row, rows, kSequences ? entry : entry_rows(p, c.b),
+                                                         tables);  // syncs
   // Launched to overlap the GQA pre-pass (launch_warpgroup's `overlap`): Q' and the appended K/V rows are that
   // kernel's, so nothing below reads Q, K or V before it has finished. The merge pass after a split may start
   // once every block of this grid is running.
@@ -309,6 +360,10 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::mbarrier_arrive_expect(&raw_v_full[slot], kRawTileBytes);
         sm90::tma_load_4d(raw_v + slot * kRawTileBytes, &maps.v, 0, t0, static_cast<int>(c.kvh), static_cast<int>(c.b),
                           &raw_v_full[slot]);
+      }
+    } else if (kSequences && pages_keys(p)) {
+      if (warp == 0) {
+        for (int t = 0; t < tiles; ++t) issue_paged_tile(t, first_tile + t * kTileKeys, hi);
       }
     } else if (tid == 0) {
       // With the early tile in flight, a block with rows but no visible key (tiles == 0) still waits for its

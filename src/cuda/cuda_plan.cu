@@ -79,7 +79,7 @@ bool plain_shape(const AttentionProblem& p) {
 // wgmma kernel's build of three blocks per SM takes (its launch checks sees_keys_as_plain again).
 bool sees_keys_as_plain(const AttentionProblem& p) {
   const float scale = p.scale.value_or(1.0f);
-  return rule_hides_no_key(p) && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f &&
+  return !p.sequences.any() && rule_hides_no_key(p) && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f &&
          scale > 0.0f && scale <= FLT_MAX;
 }
 
@@ -96,13 +96,21 @@ bool is_quantized(const AttentionProblem& p) {
 // allow_special: the decode and wgmma kernels may be chosen (both need 16-byte-aligned base pointers, which only
 // the run sees; the run falls back to the plan without them).
 // Ragged and paged sequences (AttentionProblem::sequences) run on the kernels that read rows through
-// kernel_params.cuh's sequence accessors: the SIMT and mma.sync kernels.
+// kernel_params.cuh's sequence accessors: the SIMT, mma.sync and (float K/V, warpgroup_takes_sequences) wgmma
+// kernels.
 bool decode_accepts(const AttentionProblem& p, const DeviceTraits&, bool allow_special) {
   return allow_special && !p.sequences.any() && decode_supports(p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
          decode_aligned(p.k, p.k_storage.type, p.dtype) && decode_aligned(p.v, p.v_storage.type, p.dtype);
 }
+// Sequences on the wgmma kernel: float K/V, and pages it reads by TMA (warpgroup_takes_pages).
+bool warpgroup_takes_sequences(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  if (!s.any()) return true;
+  return !is_quantized(p) &&
+         (s.page_size == 0 || warpgroup_takes_pages(s.page_size, warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim))));
+}
 bool warpgroup_accepts(const AttentionProblem& p, const DeviceTraits& device, bool allow_special) {
-  return allow_special && device.sm90 && !p.sequences.any() &&
+  return allow_special && device.sm90 && warpgroup_takes_sequences(p) &&
          warpgroup_supports(p.dtype, p.head_dim, p.v_head_dim, p.k_storage.type, p.v_storage.type) &&
          layout_aligned16(p.q) && mma_aligned(p.k, p.k_storage.type) && mma_aligned(p.v, p.v_storage.type);
 }

@@ -118,6 +118,12 @@ inline constexpr std::int64_t kWarpgroupTileKeys = 128;  // keys per tile at hea
 // Keys per tile: 128, or 64 at head dim 256 (whose 64 x 256 float32 accumulator per warpgroup already takes 128
 // registers per thread), in every build (three blocks per SM too).
 constexpr int warpgroup_tile_keys(std::int64_t head_dim) { return head_dim > 128 ? 64 : 128; }  // (by bucket)
+// Ragged and paged sequences on the wgmma kernel: float K/V; pages read by TMA in boxes of a page's rows (whole
+// 8-row swizzle atoms), so a page holds 8 keys or a multiple and divides the tile or is a multiple of it.
+constexpr bool warpgroup_takes_pages(std::int64_t page_size, std::int64_t bucket) {
+  const std::int64_t tile = warpgroup_tile_keys(bucket);
+  return page_size >= 8 && page_size % 8 == 0 && (tile % page_size == 0 || page_size % tile == 0);
+}
 struct WarpgroupMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // the plain build's Q (dim, head, query, batch) in boxes of one block's rows, where q_by_tma

@@ -349,7 +349,7 @@ __host__ __device__ __forceinline__ bool folds_scale(const KernelParams& p) {
 // test but the keys' end, as in the plain build (scale_plain_scores). The wgmma kernel's build of three blocks per
 // SM takes only such problems, in its general build too.
 __host__ __device__ __forceinline__ bool sees_keys_as_plain(const KernelParams& p) {
-  return folds_scale(p) && !p.has_key_lengths && p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr &&
+  return folds_scale(p) && !p.has_sequences && !p.has_key_lengths && p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr &&
          p.splits == 1;
 }
 

@@ -84,9 +84,23 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
     if (x * num % den != 0) return false;
   }
   const std::int64_t row_bytes = dim * num / den;
+  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);  // (the kernel's bucket's)
+  cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(warpgroup_bucket(width)));
+  // Sequences: ragged keys as one tensor of total_k rows (the kernel adds the entry's first row); pages as the
+  // batch axis, boxes of a page's rows where a page is smaller than a tile (warpgroup_takes_pages).
+  std::int64_t key_rows = p.k_len, batch = p.batch;
+  if (p.has_sequences && p.seq.paged()) {
+    key_rows = p.seq.page_size;
+    batch = p.num_pages;
+    keys = static_cast<cuuint32_t>(std::min<std::int64_t>(keys, p.seq.page_size));
+  } else if (p.has_sequences && p.seq.ragged_k) {
+    key_rows = p.total_k;
+    batch = 1;
+  }
+  if (key_rows < 1 || batch < 1) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(quantized ? row_bytes : dim),
-                              static_cast<cuuint64_t>(p.k_len), static_cast<cuuint64_t>(p.kv_heads),
-                              static_cast<cuuint64_t>(p.batch)};
+                              static_cast<cuuint64_t>(key_rows), static_cast<cuuint64_t>(p.kv_heads),
+                              static_cast<cuuint64_t>(batch)};
   cuuint64_t strides[3] = {static_cast<cuuint64_t>(l.row_stride * num / den),
                            static_cast<cuuint64_t>(l.head_stride * num / den),
                            static_cast<cuuint64_t>(l.batch_stride * num / den)};
@@ -94,8 +108,6 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);  // (the kernel's bucket's)
-  const cuuint32_t keys = static_cast<cuuint32_t>(warpgroup_tile_keys(warpgroup_bucket(width)));
   const cuuint32_t box[4] = {quantized ? static_cast<cuuint32_t>(row_bytes) : 64u, keys, 1, 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data) + l.offset * num / den);
   const CUtensorMapDataType element = quantized ? CU_TENSOR_MAP_DATA_TYPE_UINT8

@@ -112,7 +112,7 @@ TEST(CudaSequences, RaggedBatchesMatchEachSequenceAloneOnEveryKernel) {
 TEST(CudaSequences, PagedKvMatchesEachSequenceAloneOnEveryKernel) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
-  for (std::int64_t page : {1, 3, 16, 64, 128}) {
+  for (std::int64_t page : {1, 3, 16, 64, 128, 256}) {
     for (int variant = 0; variant < 4; ++variant) {
       BatchSpec s;
       s.dtype = variant == 1 ? DType::bf16 : variant == 2 ? DType::f32 : DType::f16;
@@ -194,7 +194,7 @@ TEST(CudaSequences, OutOfRangeDeviceValuesMaskTheirEntryAndAreReported) {
   std::mt19937 rng(3);
   enum class Corrupt { CuSeqlensK, CuSeqlensQ, BlockTable, KeyLength };
   for (const Corrupt what : {Corrupt::CuSeqlensK, Corrupt::CuSeqlensQ, Corrupt::BlockTable, Corrupt::KeyLength}) {
-    for (const std::string plan : {"kernel=simt", "kernel=mma"}) {
+    for (const std::string plan : {"kernel=simt", "kernel=mma", "kernel=wgmma"}) {
       BatchSpec s;
       s.dtype = DType::f16;
       s.head_dim = s.v_head_dim = 64;
