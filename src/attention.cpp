@@ -162,7 +162,7 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
   }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
-    impl_->plan = cpu::plan_tiled(impl_->problem, threads);
+    impl_->plan = cpu::plan_tiled(impl_->problem, threads, config.plan);
   } else if (impl_->backend == Backend::Cuda) {
     impl_->cuda_plan = cuda::plan(impl_->problem, config.plan);
   } else if (impl_->backend == Backend::Vulkan) {

@@ -33,6 +33,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"query-rotary", "the GQA op's rotary of Q inside the attention kernel (its pre-pass rotates Q)"},
       {"prepass-vector", "the GQA op's vector pre-pass kernel (the general one runs)"},
       {"upload-kernel", "the GQA op's small-array upload by kernel parameters (a copy runs)"},
+      {"amx", "the CPU's AMX bfloat16 tiles for the tiled kernel's products (its SIMD float32 path runs)"},
   };
   return features;
 }

@@ -2,6 +2,7 @@
 // its work-budget cut, and the split-K merge pass. The SIMD work item is in tiled_kernel.cpp.
 #include "../core/online_softmax.hpp"
 #include "../core/visibility.hpp"
+#include "amx_tiles.hpp"
 #include "tiled_workspace.hpp"
 
 #include <omp.h>
@@ -64,6 +65,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.rows = std::max<std::int64_t>(0, std::min(kRowBlock, plan.group * job.seq.queries - job.first_row));
   job.key_begin = ix.split * plan.split_keys;
   job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
+  job.amx = plan.amx;
   return job;
 }
 
@@ -117,6 +119,13 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.mrow = take<float>(base, off, kKeyTile);
   w.krow = take<const float*>(base, off, kKeyTile);
   w.vrow = take<const float*>(base, off, kKeyTile);
+  const std::int64_t dim32 = (head_dim + 31) / 32 * 32, dv16 = (v_head_dim + 15) / 16 * 16;
+  w.k_bf16 = take<std::uint16_t>(base, off, kKeyTile * dim32);
+  w.q_pairs = take<std::uint16_t>(base, off, dim32 * kRowBlock);
+  w.vt_bf16 = take<std::uint16_t>(base, off, dv16 * kKeyTile);
+  w.p_pairs = take<std::uint16_t>(base, off, amx::kProbabilityTerms * kKeyTile * kRowBlock);
+  w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
+  w.amx_bad_keys = take<std::int32_t>(base, off, kKeyTile);
   if (ws != nullptr) *ws = w;
   return off;
 }
@@ -161,10 +170,12 @@ std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan,
   return span;
 }
 
-TiledPlan plan_tiled(const AttentionProblem& p, int threads) {
+TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides& overrides) {
   TiledPlan plan;
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
+  plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
+             plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
   const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -188,6 +199,7 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
+  if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.kv_heads_per_item > 1) {
     s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
   }

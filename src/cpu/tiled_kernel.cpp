@@ -12,6 +12,7 @@
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
+#include "amx_tiles.hpp"
 #include "tiled_kernel.hpp"
 #include "tiled_workspace.hpp"
 #include "widen-inl.h"
@@ -163,6 +164,130 @@ struct ValueStep {
   }
 };
 
+// ---- the AMX products (amx_tiles.hpp): operand staging around them ----
+
+std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+
+// The item's query row r (bfloat16 bits at `row`) into the pairs operand.
+void amx_stage_query(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
+  for (std::int64_t d = 0; d < dim; ++d) w.q_pairs[(d / 2) * kRowBlock * 2 + r * 2 + d % 2] = row[d];
+}
+
+// The tile's K rows as they are; V's rows in key pairs (two rows' values side by side: PromoteTo and a shift
+// keep the columns in order), then transposed into vt. Keys past n are zeros (their P is zero too, and a stale
+// value must not be inf or NaN there). A V value that is inf or NaN goes in as 0 and its key into
+// w.amx_bad_keys (returns how many): on the tiles 0 x inf would be NaN even where P is 0, and a key a row cannot
+// see must not change its output (amx_value_tile adds those values back where P is not 0).
+std::int64_t amx_stage_kv(const ItemJob& job, std::int64_t k0, std::int64_t n) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const std::int64_t dim32 = round_up(p.head_dim, 32), dv = p.v_head_dim, dv16 = round_up(dv, 16);
+  const auto* k = static_cast<const std::uint16_t*>(a.k.data);
+  const auto* v = static_cast<const std::uint16_t*>(a.v.data);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::uint16_t* krow = k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
+    std::memcpy(w.k_bf16 + j * dim32, krow, static_cast<std::size_t>(p.head_dim) * sizeof(std::uint16_t));
+  }
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(du));
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.tile_pv);  // (free until this tile's P V)
+  const auto exponent = hn::Set(du, 0x7F80u);  // all ones: inf or NaN
+  std::int64_t bad = 0;
+  auto note_bad = [&](std::int64_t j) {
+    if (bad == 0 || w.amx_bad_keys[bad - 1] != j) w.amx_bad_keys[bad++] = static_cast<std::int32_t>(j);
+  };
+  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+    std::uint32_t* out = pairs + jp * dv16;
+    const std::int64_t j = 2 * jp;
+    const std::uint16_t* even = j < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) : nullptr;
+    const std::uint16_t* odd = j + 1 < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j + 1) : nullptr;
+    std::int64_t d = 0;
+    bool even_bad = false, odd_bad = false;
+    for (; d + L <= dv; d += L) {
+      auto lo = even != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, even + d)) : hn::Zero(du);
+      auto hi = odd != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, odd + d)) : hn::Zero(du);
+      const auto lo_bad = hn::Eq(hn::And(lo, exponent), exponent), hi_bad = hn::Eq(hn::And(hi, exponent), exponent);
+      if (!hn::AllFalse(du, hn::Or(lo_bad, hi_bad))) {
+        even_bad |= !hn::AllFalse(du, lo_bad);
+        odd_bad |= !hn::AllFalse(du, hi_bad);
+        lo = hn::IfThenZeroElse(lo_bad, lo);
+        hi = hn::IfThenZeroElse(hi_bad, hi);
+      }
+      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, out + d);
+    }
+    for (; d < dv16; ++d) {
+      std::uint32_t lo = even != nullptr && d < dv ? even[d] : 0u, hi = odd != nullptr && d < dv ? odd[d] : 0u;
+      if ((lo & 0x7F80u) == 0x7F80u) even_bad = true, lo = 0;
+      if ((hi & 0x7F80u) == 0x7F80u) odd_bad = true, hi = 0;
+      out[d] = lo | hi << 16;
+    }
+    if (even_bad) note_bad(j);
+    if (odd_bad) note_bad(j + 1);
+  }
+  amx::transpose_pairs(pairs, dv16, w.vt_bf16);
+  return bad;
+}
+
+// A float32 rounded to bfloat16 (nearest, ties to even; finite values): a term of a probability as P V reads it.
+HWY_INLINE VF round_to_bf16(VF e) {
+  const hn::RebindToUnsigned<DF> du;
+  auto u = hn::BitCast(du, e);
+  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  u = hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), odd)), hn::Set(du, 0xFFFF0000u));
+  return hn::BitCast(DF(), u);
+}
+
+// O^T = O^T * alpha + P V for the tile on AMX: P (in st) into key pairs of three bfloat16 terms, the product, the inf or NaN
+// values of V that staging left out added where their key's P is not 0 (a row that sees one gets it, one that
+// does not keeps the bits of a finite V), then the update.
+void amx_value_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::int64_t bad, std::size_t nvec) {
+  const Workspace& w = *job.ws;
+  const std::int64_t dv = job.problem->v_head_dim;
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const std::size_t L = hn::Lanes(df);
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.p_pairs);
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  constexpr std::int64_t kTermPairs = kKeyTile / 2 * kRowBlock;
+  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+    for (std::size_t v = 0; v < nvec; ++v) {
+      VF even = 2 * jp < n ? hn::Load(df, w.st + 2 * jp * kRowBlock + v * L) : hn::Zero(df);
+      VF odd = 2 * jp + 1 < n ? hn::Load(df, w.st + (2 * jp + 1) * kRowBlock + v * L) : hn::Zero(df);
+      for (int term = 0; term < amx::kProbabilityTerms; ++term) {  // (each remainder is exact in float32)
+        const VF even_term = round_to_bf16(even), odd_term = round_to_bf16(odd);
+        hn::Store(hn::Or(hn::ShiftRight<16>(hn::BitCast(du, even_term)), hn::And(hn::BitCast(du, odd_term), high)), du,
+                  pairs + term * kTermPairs + jp * kRowBlock + v * L);
+        even = hn::Sub(even, even_term);
+        odd = hn::Sub(odd, odd_term);
+      }
+    }
+  }
+  amx::values(w.vt_bf16, w.p_pairs, round_up(dv, 16), w.tile_pv);
+  const AttentionProblem& p = *job.problem;
+  for (std::int64_t i = 0; i < bad; ++i) {
+    const std::int64_t j = w.amx_bad_keys[i];
+    float* vrow = w.row;
+    widen_row(static_cast<const char*>(job.args->v.data) +
+                  job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) * static_cast<std::int64_t>(sizeof(std::uint16_t)),
+              p.dtype, dv, vrow);
+    for (std::int64_t d = 0; d < dv; ++d) {
+      if (std::isfinite(vrow[d])) continue;
+      for (std::size_t r = 0; r < nvec * L; ++r) {
+        const float weight = w.st[j * kRowBlock + static_cast<std::int64_t>(r)];
+        if (weight != 0.0f) w.tile_pv[d * kRowBlock + static_cast<std::int64_t>(r)] += weight * vrow[d];
+      }
+    }
+  }
+  for (std::int64_t d = 0; d < dv; ++d) {
+    for (std::size_t v = 0; v < nvec; ++v) {
+      float* o = w.ot + d * kRowBlock + v * L;
+      hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, w.alpha + v * L), hn::Load(df, w.tile_pv + d * kRowBlock + v * L)), df, o);
+    }
+  }
+}
+
 // Normalises the item's rows and writes O (and the LSE): out = acc * acc_scale, or NaN / 0 for a row that
 // saw no key, NaN for a poisoned row.
 void finish_rows(const ItemJob& job) {
@@ -204,6 +329,13 @@ void run_item(const ItemJob& job) {
   const core::VisibilityRule& rule = job.seq.rule;
   const std::int64_t key_length = job.seq.key_length;
 
+  const bool amx = job.amx;
+  if (amx) {  // zeros past the dims and rows of the item
+    amx::begin();
+    const std::int64_t dim32 = round_up(dim, 32);
+    std::fill(w.q_pairs, w.q_pairs + dim32 * kRowBlock, 0);
+    std::fill(w.k_bf16, w.k_bf16 + kKeyTile * dim32, 0);
+  }
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
   std::int64_t union_begin = job.key_end;
   std::int64_t union_end = job.key_begin;
@@ -230,6 +362,7 @@ void run_item(const ItemJob& job) {
       union_end = std::max(union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
+    if (amx) amx_stage_query(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
@@ -269,7 +402,8 @@ void run_item(const ItemJob& job) {
     bool all_visible = true;
     for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
 
-    for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t amx_bad = amx ? amx_stage_kv(job, k0, n) : 0;
+    for (std::int64_t j = 0; j < n && !amx; ++j) {
       const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
       const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
       if (k_in_place && v_in_place) {
@@ -289,8 +423,12 @@ void run_item(const ItemJob& job) {
       }
     }
 
-    ScoreStep score{w.qt, dim, w.krow, w.st};
-    tile_loop(score, n, nvec);
+    if (amx) {
+      amx::scores(w.k_bf16, w.q_pairs, round_up(dim, 32), w.st);
+    } else {
+      ScoreStep score{w.qt, dim, w.krow, w.st};
+      tile_loop(score, n, nvec);
+    }
 
     // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
     if (p.has_mask && !mask_per_key) {
@@ -351,9 +489,14 @@ void run_item(const ItemJob& job) {
       hn::Store(alpha, df, w.alpha + v * L);
     }
 
+    if (amx) {
+      amx_value_tile(job, k0, n, amx_bad, nvec);
+      continue;
+    }
     ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
     tile_loop(value, dv, nvec);
   }
+  if (amx) amx::end();
 
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
     save_partial(w, rows, dv, job.partial);

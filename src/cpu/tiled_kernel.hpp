@@ -38,13 +38,17 @@ struct TiledPlan {
   std::int64_t split_keys = 0;  // keys per range, a multiple of kKeyTile
   std::int64_t items = 0;       // batch * kv_heads * row_blocks * splits
   int threads = 1;
+  // bfloat16 with bfloat16 K/V on a CPU with AMX-BF16: the items of more than kFewRows rows take their two
+  // products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms).
+  bool amx = false;
   std::size_t workspace_bytes = 0;  // per thread
   std::size_t partial_bytes = 0;    // per item, when split
   std::size_t scratch_bytes = 0;    // all of it: threads * workspace + items * partial
 };
 
-// Plans a normalised problem for `threads` worker threads (the split depends on the shape only).
-TiledPlan plan_tiled(const AttentionProblem& problem, int threads);
+// Plans a normalised problem for `threads` worker threads (the split depends on the shape only); `overrides`
+// may leave the AMX products out ("off=amx").
+TiledPlan plan_tiled(const AttentionProblem& problem, int threads, const PlanOverrides& overrides = {});
 std::string describe(const TiledPlan& plan);
 
 // Runs the planned problem. `scratch` holds plan.scratch_bytes, aligned to 64 bytes.

@@ -31,6 +31,13 @@ struct Workspace {
   float* mrow;          // [kKeyTile]: one tile of a mask row widened from float16 / bfloat16
   const float** krow;   // [kKeyTile] where each key's float32 row is
   const float** vrow;   // [kKeyTile]
+  // The AMX products' operands (amx_tiles.hpp; bfloat16 as bits; dim32, dv16: the dims rounded up to 32, 16).
+  std::uint16_t* k_bf16;   // [kKeyTile][dim32]
+  std::uint16_t* q_pairs;  // [dim32 / 2][kRowBlock][2]
+  std::uint16_t* vt_bf16;  // [dv16][kKeyTile]
+  std::uint16_t* p_pairs;  // [3 terms][kKeyTile / 2][kRowBlock][2]
+  float* tile_pv;          // [dv16][kRowBlock]: one tile's P V
+  std::int32_t* amx_bad_keys;  // [kKeyTile]: the tile's keys whose V holds inf or NaN
 };
 
 // Lays a workspace out from `base` (null: only measure) and returns its size in bytes.
@@ -54,6 +61,7 @@ struct ItemJob {
   std::int64_t key_begin;  // key range of this item
   std::int64_t key_end;
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
+  bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most

@@ -1,0 +1,42 @@
+// The tiled CPU kernel's score and value products on Intel AMX tiles (bfloat16 operands, float32 accumulators),
+// for bfloat16 problems with bfloat16 K and V on CPUs with AMX-BF16. tiled_kernel.cpp stages the operands and runs
+// everything else (the softmax, the blockwise sums, the finish) as it does for its own products.
+//
+// Layouts (bfloat16 as its 16 bits; dim32: the head dim rounded up to 32, dv16: the V dim rounded up to 16, the
+// extra columns zero):
+//   k        [kTileKeys][dim32]         the tile's K rows
+//   q_pairs  [dim32 / 2][kLanes][2]     Q's dims in pairs per query lane (AMX's "VNNI" operand order)
+//   st       [kTileKeys][kLanes] float  S^T: the scores, as the kernel's SIMD path stores them
+//   vt       [dv16][kTileKeys]          V transposed
+//   p_pairs  [kProbabilityTerms][kTileKeys / 2][kLanes][2]  the probabilities, two keys per pair, as a sum of
+//            three bfloat16 terms (the value rounded, then what is left, rounded, twice): 24 bits, a float32's
+//            precision, so that P V is as accurate as the float32 products (docs/numerics.md: a float16 /
+//            bfloat16 output is its float32 result rounded once)
+//   out      [dv16][kLanes] float       this tile's P V, O^T's layout, summed from zero (the blockwise sum)
+// Each product sums its dims (keys) in a fixed order: the bits depend on neither the thread count nor the order
+// of the items.
+#pragma once
+
+#include "tiled_kernel.hpp"
+
+#include <cstdint>
+
+namespace attnkit::cpu::amx {
+
+inline constexpr int kLanes = static_cast<int>(kRowBlock);
+inline constexpr int kTileKeys = static_cast<int>(kKeyTile);
+static_assert(kLanes == 64 && kTileKeys == 64, "the products are written for 64 x 64 tiles");
+inline constexpr int kProbabilityTerms = 3;
+
+// Whether this CPU and OS run the tiles (asked once per process).
+bool available();
+// Loads the tile configuration on the calling thread (before an item's products), and releases it (after).
+void begin();
+void end();
+void scores(const std::uint16_t* k, const std::uint16_t* q_pairs, std::int64_t dim32, float* st);
+void values(const std::uint16_t* vt, const std::uint16_t* p_pairs, std::int64_t dv16, float* out);
+// vt from V's keys in pairs: v_pairs [kTileKeys / 2][dv16] (32-bit: key 2j's value low, key 2j + 1's high) is
+// transposed into vt, read as [dv16][kTileKeys / 2] 32-bit pairs, which is vt's layout.
+void transpose_pairs(const std::uint32_t* v_pairs, std::int64_t dv16, std::uint16_t* vt);
+
+}  // namespace attnkit::cpu::amx
