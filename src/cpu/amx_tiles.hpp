@@ -9,8 +9,8 @@
 //   st       [kTileKeys][kLanes] float  S^T: the scores, as the kernel's SIMD path stores them
 //   vt       [dv16][kTileKeys]          V transposed
 //   p_pairs  [kProbabilityTerms][kTileKeys / 2][kLanes][2]  the probabilities, two keys per pair, as a sum of
-//            three bfloat16 terms (the value rounded, then what is left, rounded, twice): 24 bits, a float32's
-//            precision, so that P V is as accurate as the float32 products (docs/numerics.md: a float16 /
+//            three bfloat16 terms (the value's top bits, then those of what is left, twice): all 24 bits of the
+//            float32 value, so that P V is as accurate as the float32 products (docs/numerics.md: a float16 /
 //            bfloat16 output is its float32 result rounded once)
 //   out      [dv16][kLanes] float       this tile's P V, O^T's layout, summed from zero (the blockwise sum)
 // Each product sums its dims (keys) in a fixed order: the bits depend on neither the thread count nor the order

@@ -230,15 +230,6 @@ std::int64_t amx_stage_kv(const ItemJob& job, std::int64_t k0, std::int64_t n) {
   return bad;
 }
 
-// A float32 rounded to bfloat16 (nearest, ties to even; finite values): a term of a probability as P V reads it.
-HWY_INLINE VF round_to_bf16(VF e) {
-  const hn::RebindToUnsigned<DF> du;
-  auto u = hn::BitCast(du, e);
-  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  u = hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), odd)), hn::Set(du, 0xFFFF0000u));
-  return hn::BitCast(DF(), u);
-}
-
 // O^T = O^T * alpha + P V for the tile on AMX: P (in st) into key pairs of three bfloat16 terms, the product, the inf or NaN
 // values of V that staging left out added where their key's P is not 0 (a row that sees one gets it, one that
 // does not keeps the bits of a finite V), then the update.
@@ -255,8 +246,11 @@ void amx_value_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::in
     for (std::size_t v = 0; v < nvec; ++v) {
       VF even = 2 * jp < n ? hn::Load(df, w.st + 2 * jp * kRowBlock + v * L) : hn::Zero(df);
       VF odd = 2 * jp + 1 < n ? hn::Load(df, w.st + (2 * jp + 1) * kRowBlock + v * L) : hn::Zero(df);
-      for (int term = 0; term < amx::kProbabilityTerms; ++term) {  // (each remainder is exact in float32)
-        const VF even_term = round_to_bf16(even), odd_term = round_to_bf16(odd);
+      // Each term is the remainder cut to its top bfloat16 bits (exact in float32, as is what is left), so the
+      // three hold all 24 bits of P.
+      for (int term = 0; term < amx::kProbabilityTerms; ++term) {
+        const VF even_term = hn::BitCast(df, hn::And(hn::BitCast(du, even), high));
+        const VF odd_term = hn::BitCast(df, hn::And(hn::BitCast(du, odd), high));
         hn::Store(hn::Or(hn::ShiftRight<16>(hn::BitCast(du, even_term)), hn::And(hn::BitCast(du, odd_term), high)), du,
                   pairs + term * kTermPairs + jp * kRowBlock + v * L);
         even = hn::Sub(even, even_term);
