@@ -276,8 +276,8 @@ TEST_F(VulkanTest, DescribeNamesKernelAndDevice) {
   const std::string d = op.describe();
   const vulkan::DeviceInfo dev = vulkan::current_device();
   EXPECT_NE(d.find(dev.name), std::string::npos) << d;
-  EXPECT_NE(d.find("vulkan.rows"), std::string::npos) << d;  // coopmat only where forced (vulkan_plan.cpp)
-  if (dev.cooperative_matrix) EXPECT_NE(d.find("not yet verified on hardware"), std::string::npos) << d;
+  // float16: the matrix kernel where the device has cooperative matrices, else rows (vulkan_plan.cpp)
+  EXPECT_NE(d.find(dev.cooperative_matrix ? "vulkan.coopmat" : "vulkan.rows"), std::string::npos) << d;
   EXPECT_NE(d.find("split-k"), std::string::npos) << d;  // 12 workgroups of one decode row: split
   const auto all = vulkan::devices();
   EXPECT_TRUE(std::any_of(all.begin(), all.end(), [&](const vulkan::DeviceInfo& x) { return x.name == dev.name; }));

@@ -22,11 +22,13 @@ AttentionProblem problem(std::int64_t b, std::int64_t h, std::int64_t q, std::in
   return core::normalize_and_check(AttentionProblem::head_first(b, h, h, q, k, d, t));
 }
 
-// The matrix kernel runs only where forced (not yet verified on hardware): never the plan's own choice.
-TEST(VulkanPlan, MatrixKernelOnlyWhereForced) {
+// The matrix kernel is the plan's choice for float16 where the device has cooperative matrices, and runs
+// elsewhere (emulated) only where forced.
+TEST(VulkanPlan, MatrixKernelWhereTheDeviceHasMatrices) {
   const VulkanPlan f16 = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true));
-  EXPECT_EQ(f16.kernel, VulkanPlan::Kernel::Rows);
-  EXPECT_NE(describe(f16).find("not yet verified on hardware"), std::string::npos) << describe(f16);
+  EXPECT_EQ(f16.kernel, VulkanPlan::Kernel::CoopMatrix);
+  EXPECT_FALSE(f16.emulated_matrices);
+  EXPECT_NE(describe(f16).find("cooperative matrices"), std::string::npos) << describe(f16);
   const VulkanPlan forced = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true), {"coopmat", 0});
   EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
   EXPECT_EQ(forced.tile_keys, 16);
