@@ -12,6 +12,7 @@ Run (on a GPU machine, with attnkit installed or on PYTHONPATH):
 """
 import argparse
 import datetime
+import json
 import math
 import os
 import subprocess
@@ -25,29 +26,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
-# name, batch, query heads, kv heads, q_len, k_len, head_dim, causal
-SEED = [
-    ("minilm_b1_s128", 1, 12, 12, 128, 128, 32, False),
-    ("minilm_b8_s128", 8, 12, 12, 128, 128, 32, False),
-    ("bert_b1_s128", 1, 12, 12, 128, 128, 64, False),
-    ("bert_b1_s512", 1, 12, 12, 512, 512, 64, False),
-    ("bert_b8_s128", 8, 12, 12, 128, 128, 64, False),
-    ("bert_b8_s512", 8, 12, 12, 512, 512, 64, False),
-    ("whisper_enc_1500", 1, 12, 12, 1500, 1500, 64, False),
-    ("whisper_dec_448", 1, 12, 12, 1, 448, 64, True),
-    ("whisper_cross_1q", 1, 12, 12, 1, 1500, 64, False),
-]
-LLM = [
-    ("fa3_h128_s1k", 16, 16, 16, 1024, 1024, 128, False),
-    ("fa3_h128_s4k", 4, 16, 16, 4096, 4096, 128, False),
-    ("fa3_h128_s16k", 1, 16, 16, 16384, 16384, 128, False),
-    ("fa3_h128_s4k_causal", 4, 16, 16, 4096, 4096, 128, True),
-    ("fa3_h64_s4k", 4, 32, 32, 4096, 4096, 64, False),
-    ("fa3_h256_s4k", 4, 8, 8, 4096, 4096, 256, False),
-    ("llama8b_prefill_s4k_gqa", 1, 32, 8, 4096, 4096, 128, True),
-    ("llama8b_decode_b64_k4k_gqa", 64, 32, 8, 1, 4096, 128, True),
-    ("llama8b_decode_b8_k32k_gqa", 8, 32, 8, 1, 32768, 128, True),
-]
+CASES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases")
+
+
+def load_cases(file_name, tag):
+    """The cases of cases/FILE tagged TAG as (name, batch, query heads, kv heads, q_len, k_len, head_dim, causal):
+    the shapes the tests and the CLI read too."""
+    with open(os.path.join(CASES_DIR, file_name)) as f:
+        doc = json.load(f)
+    cases = doc["cases"] if isinstance(doc, dict) else doc
+    return [(c["name"], c["batch"], c["heads"], c.get("kv_heads", c["heads"]), c["q_len"], c["k_len"], c["head_dim"],
+             bool(c.get("causal", False))) for c in cases if tag in c.get("tags", [])]
+
+
+# The seed's shapes (every dtype) and the language-model shapes (float16 / bfloat16, as in PERF.md).
+SEED = load_cases("models.json", "bench")
+LLM = load_cases("llm.json", "large")
 PEERS = ("flash", "cudnn", "efficient")
 
 
@@ -57,19 +51,30 @@ def visible_pairs(sq, sk, causal):
     return sum(min(sk, sk - sq + i + 1) for i in range(sq))
 
 
-def reference(q, k, v, causal):
-    """float64 on the GPU: GEMM + softmax + GEMM, bottom-right causal alignment (offset k_len - q_len)."""
+def reference(q, k, v, causal, rows=None):
+    """float64 on the GPU: GEMM + softmax + GEMM, bottom-right causal alignment (offset k_len - q_len); with
+    `rows` (a tensor of query positions), the output of those rows only."""
     hq, hkv = q.shape[1], k.shape[1]
+    sq, sk = q.shape[2], k.shape[2]
+    if rows is not None:
+        q = q[:, :, rows]
     q, k, v = q.double(), k.double(), v.double()
     if hq != hkv:
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
-        sq, sk = q.shape[2], k.shape[2]
-        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        positions = rows if rows is not None else torch.arange(sq, device=q.device)
+        visible = torch.arange(sk, device=q.device)[None, :] <= positions[:, None] + (sk - sq)
         s = s.masked_fill(~visible, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
+
+
+def sampled_rows(sq, device):
+    """The query positions a large case is checked on: its first and last 128 (all of a short one)."""
+    if sq <= 256:
+        return torch.arange(sq, device=device)
+    return torch.cat([torch.arange(128, device=device), torch.arange(sq - 128, sq, device=device)])
 
 
 def unfused(q, k, v, causal):
@@ -135,8 +140,10 @@ def main():
             o = torch.empty_like(q)
             flops = 4.0 * b * hq * visible_pairs(sq, sk, causal) * d
             nbytes = q.element_size() * (2 * q.numel() + 2 * k.numel())
+            # A large case is checked on sampled query rows (the full float64 scores would not fit).
             big = b * hq * sq * sk > 2e9
-            ref = None if big else reference(q, k, v, causal)
+            rows_checked = sampled_rows(sq, q.device) if big else None
+            ref = reference(q, k, v, causal, rows_checked)
             row = {"case": name, "dtype": str(dt).split(".")[-1], "flops": flops, "bytes": nbytes}
             call = lambda: attnkit.attention(q, k, v, causal=causal, out=o)
             # attnkit twice: as it runs (a plain call's kernel starts under the tail of the kernel before it,
@@ -151,7 +158,7 @@ def main():
                 try:
                     out = fn()
                     torch.cuda.synchronize()
-                    row[vname + "_err"] = scaled_error(out, ref) if ref is not None else float("nan")
+                    row[vname + "_err"] = scaled_error(out if rows_checked is None else out[:, :, rows_checked], ref)
                     row[vname + "_us"] = 1000.0 * tt.do_bench_cudagraph(fn, rep=rep, return_mode="median")
                 except Exception as e:  # a peer that refuses the case (dtype, head dim)
                     row[vname + "_us"] = float("nan")

@@ -1,8 +1,8 @@
-// Times attnkit's CUDA kernels alone on the PERF.md shapes: eager (CUDA events around back-to-back calls, host
-// launch cost included where the GPU outruns it) and by CUDA-graph replay (20 calls captured in one graph, as
-// bench/bench_cuda.py times them), medians. A quick look between full runs, and the way to compare two builds of
-// a kernel in one device run; the numbers that count come from bench/bench_cuda.py, side by side with PyTorch
-// in one process.
+// Times attnkit's CUDA kernels alone on the PERF.md shapes and cases/llm.json's: eager (CUDA events around
+// back-to-back calls, host launch cost included where the GPU outruns it) and by CUDA-graph replay (20 calls
+// captured in one graph, as bench/bench_cuda.py times them), medians. A quick look between full runs, and the
+// way to compare two builds of a kernel in one device run; the numbers that count come from bench/bench_cuda.py,
+// side by side with PyTorch in one process.
 //   usage: attnkit_cuda_timing [case-substring [dtype [plan]]]
 //          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]   (one shape of your own, head-first)
 //   plan: plan overrides in their text form (e.g. kernel=mma,splits=4), "" for the plan's own choice.
@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
       {"llama8b_prefill_s4k_gqa", 1, 32, 8, 4096, 4096, 128, true},
       {"llama8b_decode_b64_k4k_gqa", 64, 32, 8, 1, 4096, 128, true},
       {"llama8b_decode_b8_k32k_gqa", 8, 32, 8, 1, 32768, 128, true},
+      {"llama70b_prefill_s8k_gqa", 1, 64, 8, 8192, 8192, 128, true},
+      {"bert_large_b32_s256", 32, 16, 16, 256, 256, 64, false},
+      {"mqa_decode_b16_k16k", 16, 32, 1, 1, 16384, 128, true},
   };
   if (only_case.rfind("shape:", 0) == 0) {
     Case own{"shape", 1, 1, 1, 1, 1, 64, false};

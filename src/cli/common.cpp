@@ -79,7 +79,7 @@ std::vector<testing::CaseSpec> load_case_files(const std::string& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) throw UsageError("--cases: '" + dir + "' is not a directory");
   try {
-    return testing::load_cases(dir);
+    return testing::load_cases(dir, testing::LargeCases::Include);
   } catch (const std::exception& e) {
     throw UsageError("cannot read the cases in '" + dir + "': " + e.what());
   }
@@ -161,8 +161,9 @@ std::vector<Job> select_jobs(const SelectionOptions& opts, const std::string& de
     }
   } else {
     const std::string tag = opts.tag.empty() ? default_tag : opts.tag;
+    // Without a tag, every case but the large ones (GPU shapes: named, or --tag large).
     for (const auto& c : all)
-      if (tag.empty() || c.has_tag(tag)) chosen.emplace_back(&c, false);
+      if (tag.empty() ? !c.has_tag(testing::kLargeTag) : c.has_tag(tag)) chosen.emplace_back(&c, false);
     if (chosen.empty()) throw UsageError("no case in '" + opts.cases_dir + "' has the tag '" + tag + "'");
   }
 

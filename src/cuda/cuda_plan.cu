@@ -28,6 +28,18 @@ constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
+// Rows per K/V head up to which a long cache is streamed as a decode step: one wgmma consumer warpgroup's 64 rows
+// (a Llama decode step's 4, multi-query decode's 32 query heads on one K/V head, a short speculative chunk), each
+// K/V tile read once for all of them, and the key split chosen to fill the SMs (core::parts_for_full_rounds).
+constexpr std::int64_t kStreamRows = 64;
+// ... when the cache is long enough that the stream is the step: at least this many bytes of K and V per SM.
+constexpr std::int64_t kStreamBytesPerSm = 512 * 1024;
+
+// The bytes of K and V a step reads (in the query's element type; a quantized cache takes the decode-mma kernel
+// before this counts).
+std::int64_t stream_bytes(const AttentionProblem& p) {
+  return p.batch * p.kv_heads * p.k_len * (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(dtype_size(p.dtype));
+}
 // Key ranges up to which a plain problem runs the tile kernels' plain build. A one-tile block of it ran 16-18%
 // faster on the H200 (BERT and MiniLM at 128 tokens), 512 keys 7-9%, Whisper's 1500 5%; at 4096 keys the
 // general build was 1% faster (bench/results/2026-11-30-h200-cuda-plain-build.md).
@@ -221,7 +233,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       paired || (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
       warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
       (plain_problem(p, o) && warpgroup_blocks * 4 >= sms);
-  const bool long_stream = group_rows <= 16 && p.batch * p.kv_heads * p.k_len >= sms * 4096;
+  const bool long_stream = group_rows <= kStreamRows && stream_bytes(p) >= sms * kStreamBytesPerSm;
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
@@ -299,7 +311,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
                         mma_bucket(p.head_dim, p.v_head_dim).v <= 128 && !o.is_off("cluster");
   if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
-  if (plan.group_rows <= 16 && base_blocks > 0) {
+  const bool streams = plan.group_rows <= 16 || (warpgroup && plan.group_rows <= kStreamRows);
+  if (streams && base_blocks > 0) {
     const std::int64_t resident = sms * device.resident_blocks(plan.kernel);
     const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
     want = core::parts_for_full_rounds(base_blocks, resident, least, std::max(least, most));

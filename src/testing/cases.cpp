@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace attnkit::testing {
 namespace {
@@ -146,7 +147,7 @@ std::vector<CaseSpec> parse_cases(const std::string& text, const std::string& fi
   return out;
 }
 
-std::vector<CaseSpec> load_cases(const std::string& dir_in) {
+std::vector<CaseSpec> load_cases(const std::string& dir_in, LargeCases large) {
   // ATTNKIT_CASES_DIR in the environment overrides the source tree's path (a binary run on another machine).
   const char* env = std::getenv("ATTNKIT_CASES_DIR");
   const std::string dir = env != nullptr && *env != 0 && dir_in == ATTNKIT_CASES_DIR ? env : dir_in;
@@ -160,8 +161,9 @@ std::vector<CaseSpec> load_cases(const std::string& dir_in) {
     std::ifstream in(f);
     std::stringstream ss;
     ss << in.rdbuf();
-    auto cases = parse_cases(ss.str(), f.filename().string());
-    out.insert(out.end(), cases.begin(), cases.end());
+    for (CaseSpec& c : parse_cases(ss.str(), f.filename().string())) {
+      if (large == LargeCases::Include || !c.has_tag(kLargeTag)) out.push_back(std::move(c));
+    }
   }
   return out;
 }

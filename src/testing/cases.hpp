@@ -49,13 +49,20 @@ struct CaseSpec {
   MaskedRows masked_rows = MaskedRows::Nan;
   bool lse = false;
   double input_std = 1.0;  // inputs are normal(0, input_std), rounded to the dtype
-  std::vector<std::string> tags;  // "model" (a reference model shape), "bench" (timed by attnkit bench), "long"
+  // "model" (a reference model shape), "bench" (timed by attnkit bench), "long", "large" (an LLM-size shape:
+  // GPU benchmarks, left out of load_cases by default)
+  std::vector<std::string> tags;
 
   bool has_tag(const std::string& tag) const;
 };
 
+// Which cases load_cases returns: the large ones (tag "large", cases/llm.json) are GPU benchmark shapes whose
+// float64 reference of every output takes minutes; the test suites that check every output leave them out.
+enum class LargeCases { Skip, Include };
+inline constexpr const char* kLargeTag = "large";
+
 // Reads every cases/*.json under `dir` (default: the source tree's cases/), in file-name order.
-std::vector<CaseSpec> load_cases(const std::string& dir = ATTNKIT_CASES_DIR);
+std::vector<CaseSpec> load_cases(const std::string& dir = ATTNKIT_CASES_DIR, LargeCases large = LargeCases::Skip);
 // Parses one JSON document (an array of cases, or {"cases": [...]}); throws std::runtime_error naming the case.
 std::vector<CaseSpec> parse_cases(const std::string& json_text, const std::string& file_name);
 

@@ -7,6 +7,7 @@
 #include <cuda/config/tile_table.hpp>
 
 #include "core/problem_check.hpp"
+#include "core/work_rounds.hpp"
 
 #include <gtest/gtest.h>
 
@@ -141,6 +142,23 @@ TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
   const CudaPlan b8 = plan_of(shape(8, 32, 8, 1, 32768, 128, true));
   EXPECT_EQ(b8.kernel, Kernel::Warpgroup);
   EXPECT_EQ(b8.splits, 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
+}
+
+// Up to a consumer warpgroup's 64 rows per K/V head over a long cache stream the same way: each K/V tile is read
+// once for all of a group's query rows.
+TEST(CudaPlan, MultiQueryDecodeReadsEachTileOnceForTheGroupAndFillsTheSms) {
+  const CudaPlan mqa = plan_of(shape(16, 32, 1, 1, 16384, 128, true));
+  EXPECT_EQ(mqa.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(mqa.row_blocks, 1) << "the 32 query heads of the one K/V head in one block";
+  EXPECT_EQ(mqa.splits, 8) << "16 (batch, K/V head) pairs in eight ranges: 128 blocks, 97% of one round";
+  const CudaPlan chunk = plan_of(shape(8, 32, 8, 8, 16384, 128, true));  // 8 speculative tokens x 4 heads a group
+  EXPECT_EQ(chunk.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(chunk.row_blocks, 1);
+  EXPECT_GE(core::round_fill(chunk.blocks, 132), 0.9);
+  // A d64 group of 64 rows: the paired blocks, two per SM.
+  const CudaPlan d64 = plan_of(shape(32, 64, 1, 1, 16384, 64, true));
+  EXPECT_EQ(d64.kernel, Kernel::Warpgroup);
+  EXPECT_GE(core::round_fill(d64.blocks, 2 * 132), 0.9);
 }
 
 TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
