@@ -28,17 +28,29 @@ constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
-// Rows per K/V head up to which a long cache is streamed as a decode step: one wgmma consumer warpgroup's 64 rows
-// (a Llama decode step's 4, multi-query decode's 32 query heads on one K/V head, a short speculative chunk), each
-// K/V tile read once for all of them, and the key split chosen to fill the SMs (core::parts_for_full_rounds).
+// Rows per K/V head up to which a long cache is streamed as a decode step on the wgmma kernel: one consumer
+// warpgroup's 64 rows (a Llama decode step's 4, multi-query decode's 32 query heads on one K/V head, a short
+// speculative chunk), each K/V tile read once for all of them, the key split chosen to fill the SMs
+// (core::parts_for_full_rounds).
 constexpr std::int64_t kStreamRows = 64;
-// ... when the cache is long enough that the stream is the step: at least this many bytes of K and V per SM.
-constexpr std::int64_t kStreamBytesPerSm = 512 * 1024;
+// A cache is long enough for that when the whole step holds at least kStreamKeysPerSm keys per SM, when each K/V
+// head has kLongCacheKeys keys (the mma.sync kernel's cluster merge caps its split at 16 ranges, each then a long
+// chain of two-stage cp.async tiles), or when each has kStreamMinKeys and the step reads kStreamBytesPerSm of K and
+// V per SM. On the H200 (bfloat16, bench/results/2026-12-02-h200-decode-stream-threshold.md): 16 x 32 heads on one
+// K/V head over 16k keys 77.0 -> 46.4 us, 2 x 32 on one over 8k 20.0 -> 14.0, 1 x 32 on 32 over 4k 40.0 -> 28.2;
+// while 1 x 32 on 8 over 4k stays (13.2 on mma.sync against 16.7) and 8 x 16 heads of 64 over 2k too (22.7
+// against 24.7).
+constexpr std::int64_t kStreamKeysPerSm = 4096;
+constexpr std::int64_t kLongCacheKeys = 8192;
+constexpr std::int64_t kStreamMinKeys = 4096;
+constexpr std::int64_t kStreamBytesPerSm = 256 * 1024;
 
-// The bytes of K and V a step reads (in the query's element type; a quantized cache takes the decode-mma kernel
-// before this counts).
-std::int64_t stream_bytes(const AttentionProblem& p) {
-  return p.batch * p.kv_heads * p.k_len * (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(dtype_size(p.dtype));
+// Whether a step's K and V are a long stream (above): the work is reading them.
+bool long_cache_stream(const AttentionProblem& p, std::int64_t sms) {
+  const std::int64_t keys = p.batch * p.kv_heads * p.k_len;
+  const std::int64_t bytes = keys * (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(dtype_size(p.dtype));
+  return keys >= sms * kStreamKeysPerSm || p.k_len >= kLongCacheKeys ||
+         (p.k_len >= kStreamMinKeys && bytes >= sms * kStreamBytesPerSm);
 }
 // Key ranges up to which a plain problem runs the tile kernels' plain build. A one-tile block of it ran 16-18%
 // faster on the H200 (BERT and MiniLM at 128 tokens), 512 keys 7-9%, Whisper's 1500 5%; at 4096 keys the
@@ -212,9 +224,9 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // the mma.sync kernel's smaller blocks, two or more per SM, while a grid of one partial wave does not (BERT's
   // 96 blocks of 128 keys: 7.0 against 7.4 us; 48 blocks of 512 keys: 11.9 against 13.1 us), unless it is
   // tiny (12 blocks of 128 keys: 6.4 against 5.7 us, twice the blocks on twice the SMs; bench/sweep_cuda.py).
-  // A few rows per K/V head over a long cache (a decode step) take it too: its TMA ring keeps more of the cache
-  // in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the H200's
-  // Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
+  // Up to 64 rows per K/V head over a long cache (a decode step, long_cache_stream) take it too: its TMA ring keeps
+  // more of the cache in flight per SM than the mma.sync kernel's two cp.async stages (4.0 against 3.7 TB/s on the
+  // H200's Llama decode shapes, bench/sweep_cuda.py); a short cache (whisper's 448 keys) stays with mma.sync.
   const bool warpgroup_off = o.is_off("wgmma");
   // A quantized cache under a decode step's few rows: the keys on the MMA's M side, so that the tensor-core work
   // follows the keys, not 16 or 64 padded rows (the wgmma kernel's int8 step took as long as its float16 one).
@@ -233,7 +245,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       paired || (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
       warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
       (plain_problem(p, o) && warpgroup_blocks * 4 >= sms);
-  const bool long_stream = group_rows <= kStreamRows && stream_bytes(p) >= sms * kStreamBytesPerSm;
+  const bool long_stream = group_rows <= kStreamRows && long_cache_stream(p, sms);
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,

@@ -156,9 +156,18 @@ TEST(CudaPlan, MultiQueryDecodeReadsEachTileOnceForTheGroupAndFillsTheSms) {
   EXPECT_EQ(chunk.row_blocks, 1);
   EXPECT_GE(core::round_fill(chunk.blocks, 132), 0.9);
   // A d64 group of 64 rows: the paired blocks, two per SM.
-  const CudaPlan d64 = plan_of(shape(32, 64, 1, 1, 16384, 64, true));
+  const CudaPlan d64 = plan_of(shape(16, 64, 1, 1, 16384, 64, true));
   EXPECT_EQ(d64.kernel, Kernel::Warpgroup);
   EXPECT_GE(core::round_fill(d64.blocks, 2 * 132), 0.9);
+}
+
+// Where the stream starts (long_cache_stream): the measured sides of it.
+TEST(CudaPlan, AShortCacheStaysOnTheMmaSyncKernel) {
+  EXPECT_EQ(plan_of(shape(2, 32, 1, 1, 8192, 128, true)).kernel, Kernel::Warpgroup) << "8k keys per K/V head";
+  EXPECT_EQ(plan_of(shape(1, 32, 32, 1, 4096, 128, true)).kernel, Kernel::Warpgroup) << "4k keys, 64 MiB";
+  EXPECT_EQ(plan_of(shape(1, 32, 8, 1, 4096, 128, true)).kernel, Kernel::TensorCore) << "4k keys, 16 MiB";
+  EXPECT_EQ(plan_of(shape(8, 16, 16, 1, 2048, 64, true)).kernel, Kernel::TensorCore) << "2k keys";
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1, 1500, 64, false)).kernel, Kernel::TensorCore) << "Whisper's cross-attention";
 }
 
 TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
