@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sums up the cycle marks a build with ATTNKIT_CUDA_PHASES prints (src/cuda/block_phases.cuh): per kernel, the
+"""Sums up the cycle marks a build with ATTNKIT_CUDA_PHASES prints (src/cuda/common/block_phases.cuh): per kernel, the
 median and range of each phase's cycles over the printed blocks, and of the blocks' global-timer durations.
 
   usage: attnkit_cuda_timing_phases CASE DTYPE | python3 bench/block_phases.py [--markdown] [--timeline]

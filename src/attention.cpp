@@ -5,7 +5,7 @@
 #include "core/problem_check.hpp"
 #include "cpu/reference.hpp"
 #include "cpu/tiled_kernel.hpp"
-#include "cuda/cuda_backend.hpp"
+#include "cuda/host/cuda_backend.hpp"
 #include "vulkan/vulkan_backend.hpp"
 
 #include <omp.h>

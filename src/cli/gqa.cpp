@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "cuda/cuda_backend.hpp"
+#include "cuda/host/cuda_backend.hpp"
 
 namespace attnkit::cli {
 namespace {

@@ -17,8 +17,8 @@
 
 #include "../core/kv_quant.hpp"
 #include "../core/problem_check.hpp"
-#include "../cuda/cuda_backend.hpp"
-#include "../cuda/gqa_device.hpp"
+#include "cuda/host/cuda_backend.hpp"
+#include "gqa/cuda/gqa_device.hpp"
 #include "gqa_plan.hpp"
 #include "output_qk.hpp"
 #include "qk_norm.hpp"

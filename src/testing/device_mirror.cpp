@@ -1,7 +1,7 @@
 #include "device_mirror.hpp"
 
-#include <cuda/cuda_backend.hpp>
-#include <cuda/gqa_device.hpp>
+#include <cuda/host/cuda_backend.hpp>
+#include <gqa/cuda/gqa_device.hpp>
 
 namespace attnkit::testing {
 namespace {

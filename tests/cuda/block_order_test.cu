@@ -3,7 +3,7 @@
 // order and in the heavy-first order (in any group size), the fast-division path must agree with the 64-bit one,
 // heavy-first must start each group's pairs on their last row block, and row_of must number a K/V head's rows
 // query-major.
-#include <cuda/kernel_params.cuh>
+#include <cuda/common/kernel_params.cuh>
 
 #include <gtest/gtest.h>
 

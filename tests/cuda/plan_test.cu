@@ -1,9 +1,9 @@
-// The CUDA plan's policy (src/cuda/cuda_plan.cu) on the host, with the device described by hand: no GPU needed,
+// The CUDA plan's policy (src/cuda/plan/cuda_plan.cu) on the host, with the device described by hand: no GPU needed,
 // so this runs in CI. Each expectation is a rule of the plan (docs/design.md, "The CUDA kernels"), on the
 // PERF.md shapes and an H200-like device (132 SMs, compute capability 9.0, 3 mma.sync blocks per SM at head dims
 // 32 and 64, 2 wgmma blocks at head dim 64 (3 in the build of three per SM) and 1 above); the describe() strings
 // of several of them were read off the H200 (bench/results/).
-#include <cuda/cuda_plan.hpp>
+#include <cuda/plan/cuda_plan.hpp>
 #include <cuda/config/tile_table.hpp>
 
 #include "core/problem_check.hpp"

@@ -2,11 +2,11 @@
 // and what the device holds (DeviceTraits) only. Host code without a CUDA call, so that it also runs, and is
 // tested, on a machine without a GPU (tests/cuda/plan_test.cu); the backend fills the traits from the current
 // device (cuda_backend.cu).
-#include "cuda_plan.hpp"
-#include "kernel_launchers.hpp"
+#include "cuda/plan/cuda_plan.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
-#include "../core/work_rounds.hpp"
-#include "config/tile_table.hpp"
+#include "core/work_rounds.hpp"
+#include "cuda/config/tile_table.hpp"
 
 #include <algorithm>
 #include <cfloat>

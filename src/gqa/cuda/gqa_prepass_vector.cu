@@ -14,8 +14,8 @@
 //
 // Every lane of a warp runs the shuffles, also the lanes of a row past the grid's end or a row that needs no
 // rotary (a V row): they discard the result.
-#include "gqa_device.hpp"
-#include "gqa_rows.cuh"
+#include "gqa/cuda/gqa_device.hpp"
+#include "gqa/cuda/gqa_rows.cuh"
 
 #include <cuda_runtime.h>
 

@@ -1,11 +1,11 @@
 // The CUDA backend's host side: device discovery, the plan (kernel, key split, scratch), the launch sequence
 // (key-length check, main kernel in work-budget cuts, merge pass) and error reporting.
-#include "cuda_backend.hpp"
-#include "config/tile_table.hpp"
-#include "cuda_plan.hpp"
-#include "kernel_launchers.hpp"
+#include "cuda/host/cuda_backend.hpp"
+#include "cuda/config/tile_table.hpp"
+#include "cuda/plan/cuda_plan.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
-#include "../core/work_rounds.hpp"
+#include "core/work_rounds.hpp"
 
 #include <cuda_runtime.h>
 

@@ -5,7 +5,7 @@
 // layout is the A operand of P V once P is rounded to the element type, so P never leaves registers.
 #pragma once
 
-#include "kernel_params.cuh"
+#include "cuda/common/kernel_params.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

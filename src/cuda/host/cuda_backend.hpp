@@ -4,7 +4,7 @@
 
 #include <attnkit/attention.hpp>
 
-#include "query_rotary.hpp"
+#include "cuda/common/query_rotary.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -17,7 +17,7 @@
 //
 // Every sum has a fixed order: runs are bit-identical. Ranges longer than kDecodeMaxKeys are the plan's to
 // split, never the kernel's to meet.
-#include "kernel_launchers.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
 namespace attnkit::cuda {
 namespace {

@@ -19,9 +19,9 @@
 // A non-finite K, V or Q value splits into hi = ±inf and lo = NaN: its products come out NaN where float32
 // gives ±inf (a row with such a visible score is NaN either way; an infinite V value seen with p > 0 gives NaN
 // here, ±inf there).
-#include "config/tile_table.hpp"
-#include "fragment_softmax.cuh"
-#include "kernel_launchers.hpp"
+#include "cuda/config/tile_table.hpp"
+#include "cuda/common/fragment_softmax.cuh"
+#include "cuda/host/kernel_launchers.hpp"
 
 namespace attnkit::cuda {
 namespace {

@@ -10,12 +10,12 @@
 // quad: two xor-shuffles), P is rounded to the element type in registers and fed straight back as the A operand of
 // O += P V. The normaliser sums the rounded P, so numerator and denominator agree. Accumulation is float32
 // throughout. No atomics: every sum has a fixed order, runs are bit-identical.
-#include "block_phases.cuh"
-#include "cluster_merge.cuh"
-#include "config/tile_table.hpp"
-#include "fragment_softmax.cuh"
-#include "kernel_launchers.hpp"
-#include "stored_pairs.cuh"
+#include "cuda/common/block_phases.cuh"
+#include "cuda/common/cluster_merge.cuh"
+#include "cuda/config/tile_table.hpp"
+#include "cuda/common/fragment_softmax.cuh"
+#include "cuda/host/kernel_launchers.hpp"
+#include "cuda/common/stored_pairs.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

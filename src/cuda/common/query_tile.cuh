@@ -2,7 +2,7 @@
 // and TMA writes, and the GQA op's Q' = rotary(Q) loaded into it (the rotary applied as Q loads).
 #pragma once
 
-#include "fragment_softmax.cuh"
+#include "cuda/common/fragment_softmax.cuh"
 
 #include <cstdint>
 

@@ -9,7 +9,7 @@
 // launches, or run without clusters, agrees.
 #pragma once
 
-#include "fragment_softmax.cuh"
+#include "cuda/common/fragment_softmax.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include <cooperative_groups.h>

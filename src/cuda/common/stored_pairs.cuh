@@ -3,9 +3,9 @@
 // exact in float16 and bfloat16; the scales act outside the tiles.
 #pragma once
 
-#include "fragment_softmax.cuh"
-#include "kernel_params.cuh"
-#include "query_tile.cuh"
+#include "cuda/common/fragment_softmax.cuh"
+#include "cuda/common/kernel_params.cuh"
+#include "cuda/common/query_tile.cuh"
 
 #include <cstdint>
 #include <type_traits>

@@ -4,9 +4,9 @@
 // as rint(x * (1 / scale)).
 #pragma once
 
-#include "../core/kv_quant.hpp"
-#include "gqa_device.hpp"
-#include "kernel_params.cuh"
+#include "core/kv_quant.hpp"
+#include "gqa/cuda/gqa_device.hpp"
+#include "cuda/common/kernel_params.cuh"
 
 namespace attnkit::cuda {
 

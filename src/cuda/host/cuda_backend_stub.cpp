@@ -1,6 +1,6 @@
 // The CUDA backend when the build has no CUDA: nothing is available, and asking for it is an error.
-#include "cuda_backend.hpp"
-#include "gqa_device.hpp"
+#include "cuda/host/cuda_backend.hpp"
+#include "gqa/cuda/gqa_device.hpp"
 
 namespace attnkit::cuda {
 

@@ -2,16 +2,16 @@
 // loads and stores per dtype, and where a block's rows (head, query) and keys come from.
 #pragma once
 
-#include "../core/fast_divide.hpp"
-#include "../core/kv_quant.hpp"
-#include "../core/online_softmax.hpp"
-#include "../core/score_transform.hpp"
-#include "../core/sequences.hpp"
-#include "../core/visibility.hpp"
+#include "core/fast_divide.hpp"
+#include "core/kv_quant.hpp"
+#include "core/online_softmax.hpp"
+#include "core/score_transform.hpp"
+#include "core/sequences.hpp"
+#include "core/visibility.hpp"
 
 #include <attnkit/attention.hpp>
 
-#include "query_rotary.hpp"
+#include "cuda/common/query_rotary.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

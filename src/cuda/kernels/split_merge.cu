@@ -1,7 +1,7 @@
 // The split-K merge pass: each key range left its partial (max, sum, poison, accumulator) per row; this folds
 // them in range order with the core's merge rule and writes the finished rows. Also the device-side check of
 // key lengths, which runs before anything is written.
-#include "kernel_launchers.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
 namespace attnkit::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // with no CUDA call, so that tests check it without a GPU.
 #pragma once
 
-#include "cuda_backend.hpp"
+#include "cuda/host/cuda_backend.hpp"
 
 #include <cstddef>
 #include <cstdint>

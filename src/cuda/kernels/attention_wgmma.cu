@@ -18,13 +18,13 @@
 // Ragged and paged sequences (float K/V) run the general build: rows and keys come from the entry (entry_rows,
 // setup_rows), ragged keys are rows of one TMA tensor from the entry's first key on, and a paged cache is a TMA
 // tensor of pages whose tiles the producer warp loads page by page (issue_paged_tile).
-#include "block_phases.cuh"
-#include "fragment_softmax.cuh"
-#include "hopper.cuh"
-#include "config/tile_table.hpp"
-#include "kernel_launchers.hpp"
-#include "query_tile.cuh"
-#include "stored_pairs.cuh"
+#include "cuda/common/block_phases.cuh"
+#include "cuda/common/fragment_softmax.cuh"
+#include "cuda/sm90/hopper.cuh"
+#include "cuda/config/tile_table.hpp"
+#include "cuda/host/kernel_launchers.hpp"
+#include "cuda/common/query_tile.cuh"
+#include "cuda/common/stored_pairs.cuh"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,8 +3,8 @@
 // head sizes with 16-byte lanes. Both compute what the CPU units compute (qk_norm.cpp, rotary.cpp,
 // kv_cache.cpp) with the same operations in the same precision (gqa_rows.cuh): the RMS norm in float64, rotary
 // products without contraction into FMAs, quantization as rint(x * (1 / scale)).
-#include "gqa_device.hpp"
-#include "gqa_rows.cuh"
+#include "gqa/cuda/gqa_device.hpp"
+#include "gqa/cuda/gqa_rows.cuh"
 
 #include <cuda_runtime.h>
 

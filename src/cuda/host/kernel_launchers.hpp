@@ -1,7 +1,7 @@
 // Launchers of the CUDA kernels, for the backend's host code (cuda_backend.cu).
 #pragma once
 
-#include "kernel_params.cuh"
+#include "cuda/common/kernel_params.cuh"
 
 #include <cuda.h>
 #include <cuda_runtime.h>

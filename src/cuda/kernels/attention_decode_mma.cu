@@ -27,9 +27,9 @@
 //     through movmatrix (the 8 x 8 transpose of the accumulator's pairs), never through shared memory.
 //
 // Every sum has a fixed order: runs are bit-identical.
-#include "fragment_softmax.cuh"
-#include "kernel_launchers.hpp"
-#include "stored_pairs.cuh"
+#include "cuda/common/fragment_softmax.cuh"
+#include "cuda/host/kernel_launchers.hpp"
+#include "cuda/common/stored_pairs.cuh"
 
 #include <type_traits>
 

@@ -8,8 +8,8 @@
 // sum are butterfly shuffles in a fixed order. Each tile's P·V is summed into fresh registers and then added
 // to the running output (kept in shared memory) after one rescale: blockwise sums, for float32 accuracy at
 // long key lengths. No atomics; every sum has a fixed order, so runs are bit-identical.
-#include "kernel_params.cuh"
-#include "kernel_launchers.hpp"
+#include "cuda/common/kernel_params.cuh"
+#include "cuda/host/kernel_launchers.hpp"
 
 #include <cmath>
 

@@ -4,7 +4,7 @@
 // the same order per score (the dot product over d in order), so both backends write the same values up to the
 // last bit of a float64 exp / tanh: a debugging output, simple rather than fast (one block per query row, the
 // scores computed again for each pass of the softmax).
-#include "kernel_launchers.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
 #include <cuda_runtime.h>
 

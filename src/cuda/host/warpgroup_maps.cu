@@ -1,7 +1,7 @@
 // The wgmma kernel's TMA descriptors (host code): K and V as 4-d tensors whose boxes are the kernel's tiles in
 // the 128-byte swizzle, and the plain build's Q in boxes of one block's rows. attention_wgmma.cu reads them.
-#include "config/tile_table.hpp"
-#include "kernel_launchers.hpp"
+#include "cuda/config/tile_table.hpp"
+#include "cuda/host/kernel_launchers.hpp"
 
 #include <cudaTypedefs.h>
 
