@@ -1,8 +1,12 @@
-// The Vulkan backend's own knobs (Backend::Vulkan runs through the ordinary Attention API on host buffers).
-// Nothing here includes Vulkan's headers: handles are passed as the integers / pointers they are.
+// The Vulkan backend's own knobs (Backend::Vulkan runs through the ordinary Attention API on host buffers), and
+// calls on tensors that already live in device memory (DeviceAttention). Nothing here includes Vulkan's headers:
+// handles are passed as the integers they are (a VkBuffer as its uint64_t, a VkCommandBuffer as its address).
 #pragma once
 
+#include <attnkit/attention.hpp>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,5 +44,58 @@ std::vector<std::string> validation_errors();
 // GPU time, in milliseconds, of the kernels of the last run() on this thread (timestamp queries around the
 // dispatches; 0 when the device has no timestamps).
 double last_gpu_milliseconds();
+
+// The backend's instance, device and queue (makes the context; throws attnkit::Error when no device is usable),
+// for an engine that keeps its tensors on that device: buffers it makes on `device` (with
+// VK_BUFFER_USAGE_STORAGE_BUFFER_BIT) can be DeviceAttention's inputs and outputs. The handles stay the
+// backend's: do not destroy them. (Adopting a device the caller made is not supported.)
+struct NativeHandles {
+  std::uint64_t instance = 0, physical_device = 0, device = 0, queue = 0;  // VkInstance, ..., VkQueue
+  std::uint32_t queue_family = 0;  // the compute queue's family (for the caller's command pool)
+};
+NativeHandles native_handles();
+
+// A tensor in device memory: a VkBuffer made on native_handles().device, the byte offset of the tensor's element
+// 0 (its layout's index 0) in it, and the buffer's size in bytes. buffer == 0: no such tensor.
+struct DeviceBuffer {
+  std::uint64_t buffer = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+// The device counterpart of AttentionArgs (no caller scratch: the object holds its own).
+struct DeviceArgs {
+  DeviceBuffer q, k, v, o;
+  DeviceBuffer mask, key_lengths, causal_offsets, head_sink, lse;
+};
+
+// An attention problem on device buffers: planned once (the problem's rules as Attention checks them, the plan as
+// Backend::Vulkan makes it), then run on any buffers that hold the problem's tensors. Every call checks its
+// buffers first (a buffer where the problem has a tensor and none where it has not, the span each layout reaches
+// inside its buffer, the first reached byte of each on the device's minStorageBufferOffsetAlignment, outputs
+// overlapping no other tensor) and throws attnkit::Error naming the argument before anything is recorded or
+// written. Values in device memory cannot be checked: a key length outside [0, k_len] hides every key of its batch
+// entry (its rows are masked rows), and per-batch causal offsets are clamped to [-(q_len + 1), k_len], as the
+// CUDA backend does (docs/numerics.md).
+class Session;  // (the backend's planned problem)
+class DeviceAttention {
+ public:
+  explicit DeviceAttention(const AttentionProblem& problem, const PlanOverrides& plan = {});
+  ~DeviceAttention();
+  DeviceAttention(DeviceAttention&&) noexcept;
+  DeviceAttention& operator=(DeviceAttention&&) noexcept;
+
+  const AttentionProblem& problem() const;  // with every default filled in
+  std::string describe() const;
+  // Records the call into `command_buffer` (a VkCommandBuffer of native_handles().device in the recording state,
+  // from a pool of queue_family): a barrier that makes earlier writes visible to its shaders, the dispatches, and a
+  // barrier after which later commands see O and the LSE. The object's partials are shared by its recordings:
+  // submissions of two of them must not overlap in time (one queue, in order, is enough).
+  void record(const DeviceArgs& args, std::uint64_t command_buffer);
+  // Submits the call on the backend's queue and waits for it. Calls on one object take turns (a lock).
+  void run(const DeviceArgs& args);
+
+ private:
+  std::shared_ptr<Session> session_;
+};
 
 }  // namespace attnkit::vulkan

@@ -61,7 +61,9 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  VkInstance instance() const { return instance_; }
   VkDevice device() const { return device_; }
+  std::uint32_t queue_family() const { return queue_family_; }
   VkPhysicalDevice physical() const { return physical_; }
   VkQueue queue() const { return queue_; }
   VkCommandPool command_pool() const { return pool_; }

@@ -47,6 +47,7 @@ if(ATTNKIT_HAS_VULKAN)
     ${attnkit_vulkan_dir}/context.cpp
     ${attnkit_vulkan_dir}/vulkan_plan.cpp
     ${attnkit_vulkan_dir}/vulkan_backend.cpp
+    ${attnkit_vulkan_dir}/device_buffers.cpp
     ${attnkit_vulkan_dir}/rows_kernel.cpp
     ${attnkit_vulkan_dir}/coopmat_kernel.cpp
     ${attnkit_vulkan_dir}/split_merge.cpp)
@@ -57,4 +58,5 @@ else()
   target_sources(attnkit_objects PRIVATE ${attnkit_vulkan_dir}/vulkan_backend_stub.cpp)
   message(STATUS "attnkit: Vulkan backend OFF")
 endif()
-set_source_files_properties(${attnkit_vulkan_dir}/context.cpp ${attnkit_vulkan_dir}/vulkan_backend.cpp PROPERTIES COMPILE_OPTIONS -Wno-missing-field-initializers)
+set_source_files_properties(${attnkit_vulkan_dir}/context.cpp ${attnkit_vulkan_dir}/vulkan_backend.cpp
+                            ${attnkit_vulkan_dir}/device_buffers.cpp PROPERTIES COMPILE_OPTIONS -Wno-missing-field-initializers)

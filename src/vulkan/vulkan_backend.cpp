@@ -7,6 +7,7 @@
 
 #include "context.hpp"
 #include "core/problem_check.hpp"
+#include "session.hpp"
 #include "core/require.hpp"
 #include "kernels.hpp"
 
@@ -19,19 +20,6 @@ namespace attnkit::vulkan {
 namespace {
 
 thread_local double g_last_gpu_ms = 0.0;
-
-// Bindings of common.glsl.
-enum Binding : std::uint32_t { kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kPartials, kThreadScratch };
-
-// One tensor's copy on the device: the element span its layout reaches, moved as bytes.
-struct Region {
-  const char* name = "";
-  std::int64_t lowest = 0;     // first element reached
-  std::uint64_t bytes = 0;     // 0: nothing reached (or no such tensor)
-  std::size_t element_size = 4;
-  bool output = false;         // copied back after the run (its gaps are uploaded first, so they come back as they were)
-  VkDeviceSize staging_offset = 0;
-};
 
 ShaderLayout shader_layout(const Layout& l, std::int64_t lowest, std::int64_t batch, std::int64_t heads,
                            std::int64_t rows, const char* name) {
@@ -57,6 +45,8 @@ VulkanTraits traits_of(const Context& ctx) {
   return t;
 }
 
+}  // namespace
+
 void memory_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
                     VkAccessFlags dst_access) {
   VkMemoryBarrier b{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
@@ -65,41 +55,6 @@ void memory_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags 
   vkCmdPipelineBarrier(cb, src, dst, 0, 1, &b, 0, nullptr, 0, nullptr);
 }
 
-}  // namespace
-
-class Session {
- public:
-  Session(const AttentionProblem& p, const PlanOverride& force);
-  ~Session();
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-
-  void run(const AttentionArgs& args);
-  const VulkanPlan& plan() const { return plan_; }
-
- private:
-  void make_regions();
-  ShaderParams make_params() const;
-  void make_buffers();
-  void make_descriptors();
-  void record();
-  void record_launch(VkCommandBuffer cb, std::int64_t launch, std::int64_t launches);
-  const void* host_source(const AttentionArgs& a, std::uint32_t binding) const;
-
-  Context& ctx_;
-  AttentionProblem p_;
-  VulkanPlan plan_;
-  const Pipeline* main_ = nullptr;
-  const Pipeline* merge_ = nullptr;
-  std::array<Region, kThreadScratch + 1> regions_{};
-  Buffer params_, upload_, download_, dummy_;
-  std::array<Buffer, kThreadScratch + 1> device_{};
-  VkDescriptorPool pool_ = VK_NULL_HANDLE;
-  VkDescriptorSet set_ = VK_NULL_HANDLE;
-  VkQueryPool queries_ = VK_NULL_HANDLE;
-  VkFence fence_ = VK_NULL_HANDLE;
-  std::vector<VkCommandBuffer> commands_;
-};
 
 Session::Session(const AttentionProblem& p, const PlanOverride& force) : ctx_(shared_context()), p_(p) {
   plan_ = plan_for(p_, traits_of(ctx_), force);
@@ -111,7 +66,10 @@ Session::Session(const AttentionProblem& p, const PlanOverride& force) : ctx_(sh
   }
   make_regions();
   make_buffers();
-  make_descriptors();
+  set_ = allocate_set();
+  std::array<VkDescriptorBufferInfo, kThreadScratch + 1> tensors{};
+  for (std::uint32_t b = kQ; b < kPartials; ++b) tensors[b] = {device_[b].handle(), 0, VK_WHOLE_SIZE};
+  write_set(set_, tensors);
   record();
 }
 
@@ -121,7 +79,10 @@ Session::~Session() {
   if (fence_ != VK_NULL_HANDLE) vkDestroyFence(d, fence_, nullptr);
   if (!commands_.empty()) vkFreeCommandBuffers(d, ctx_.command_pool(), static_cast<std::uint32_t>(commands_.size()), commands_.data());
   if (queries_ != VK_NULL_HANDLE) vkDestroyQueryPool(d, queries_, nullptr);
-  if (pool_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(d, pool_, nullptr);
+  for (auto& [key, call] : device_calls_) {
+    if (call.commands != VK_NULL_HANDLE) vkFreeCommandBuffers(d, ctx_.command_pool(), 1, &call.commands);
+  }
+  for (VkDescriptorPool pool : pools_) vkDestroyDescriptorPool(d, pool, nullptr);
 }
 
 void Session::make_regions() {
@@ -146,6 +107,9 @@ void Session::make_regions() {
     r.name = name;
     r.bytes = present ? static_cast<std::uint64_t>(count) * 4 : 0;
   };
+  // Every binding's name, for the device-buffer checks' messages (a tensor the problem has not keeps 0 bytes).
+  const char* names[] = {"", "q", "k", "v", "o", "mask", "key_lengths", "causal_offsets", "head_sink", "lse"};
+  for (std::uint32_t b = kQ; b < kPartials; ++b) regions_[b].name = names[b];
   tensor(kQ, "q", p_.q, p_.heads, p_.q_len, p_.head_dim, es, false);
   tensor(kK, "k", p_.k, p_.kv_heads, p_.k_len, p_.head_dim, es, false);
   tensor(kV, "v", p_.v, p_.kv_heads, p_.k_len, p_.v_head_dim, es, false);
@@ -218,38 +182,61 @@ void Session::make_buffers() {
   }
 }
 
-void Session::make_descriptors() {
+// Descriptor sets come from pools of kSetsPerPool: the host path's one, then one per set of caller buffers.
+constexpr std::uint32_t kSetsPerPool = 8;
+
+VkDescriptorSet Session::allocate_set() {
   VkDevice d = ctx_.device();
-  const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 1}, {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kStorageBindings}};
-  VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-  pi.maxSets = 1;
-  pi.poolSizeCount = 2;
-  pi.pPoolSizes = sizes;
-  check(vkCreateDescriptorPool(d, &pi, nullptr, &pool_), "vkCreateDescriptorPool");
+  if (pools_.empty() || sets_in_pool_ == kSetsPerPool) {
+    const VkDescriptorPoolSize sizes[] = {{VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, kSetsPerPool},
+                                          {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kStorageBindings * kSetsPerPool}};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = kSetsPerPool;
+    pi.poolSizeCount = 2;
+    pi.pPoolSizes = sizes;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    check(vkCreateDescriptorPool(d, &pi, nullptr, &pool), "vkCreateDescriptorPool");
+    pools_.push_back(pool);
+    sets_in_pool_ = 0;
+  }
   VkDescriptorSetLayout layout = ctx_.set_layout();
   VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-  ai.descriptorPool = pool_;
+  ai.descriptorPool = pools_.back();
   ai.descriptorSetCount = 1;
   ai.pSetLayouts = &layout;
-  check(vkAllocateDescriptorSets(d, &ai, &set_), "vkAllocateDescriptorSets");
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  check(vkAllocateDescriptorSets(d, &ai, &set), "vkAllocateDescriptorSets");
+  ++sets_in_pool_;
+  return set;
+}
+
+// Binding 0 the parameter block; the tensors' ranges where given (a null buffer: the binding's own buffer, the
+// partials and scratch, or a dummy for a tensor the problem has not).
+void Session::write_set(VkDescriptorSet set, const std::array<VkDescriptorBufferInfo, kThreadScratch + 1>& tensors) {
   std::array<VkDescriptorBufferInfo, kStorageBindings + 1> infos{};
   std::array<VkWriteDescriptorSet, kStorageBindings + 1> writes{};
   for (std::uint32_t b = 0; b <= kStorageBindings; ++b) {
-    const Buffer& buf = b == 0 ? params_ : device_[b].handle() != VK_NULL_HANDLE ? device_[b] : dummy_;
-    infos[b] = {buf.handle(), 0, VK_WHOLE_SIZE};
+    if (b > 0 && tensors[b].buffer != VK_NULL_HANDLE) {
+      infos[b] = tensors[b];
+    } else {
+      const Buffer& buf = b == 0 ? params_ : device_[b].handle() != VK_NULL_HANDLE ? device_[b] : dummy_;
+      infos[b] = {buf.handle(), 0, VK_WHOLE_SIZE};
+    }
     writes[b] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-    writes[b].dstSet = set_;
+    writes[b].dstSet = set;
     writes[b].dstBinding = b;
     writes[b].descriptorCount = 1;
     writes[b].descriptorType = b == 0 ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[b].pBufferInfo = &infos[b];
   }
-  vkUpdateDescriptorSets(d, static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  vkUpdateDescriptorSets(ctx_.device(), static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
 }
 
-void Session::record_launch(VkCommandBuffer cb, std::int64_t launch, std::int64_t launches) {
+// One launch of the work budget's cut; `host`: with the host path's copies and timestamps around the first and last.
+void Session::record_launch(VkCommandBuffer cb, VkDescriptorSet set, std::int64_t launch, std::int64_t launches,
+                            bool host) {
   const bool first = launch == 0, last = launch == launches - 1;
-  if (first) {
+  if (first && host) {
     if (queries_ != VK_NULL_HANDLE) vkCmdResetQueryPool(cb, queries_, 0, 2);
     for (std::uint32_t b = kQ; b < kPartials; ++b) {
       const Region& r = regions_[b];
@@ -263,7 +250,7 @@ void Session::record_launch(VkCommandBuffer cb, std::int64_t launch, std::int64_
   }
   auto dispatch = [&](const Pipeline& pipe, std::uint32_t first_group, std::uint32_t groups) {
     vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline);
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, &set_, 0, nullptr);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, &set, 0, nullptr);
     vkCmdPushConstants(cb, pipe.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof first_group, &first_group);
     vkCmdDispatch(cb, groups, 1, 1);
   };
@@ -288,6 +275,7 @@ void Session::record_launch(VkCommandBuffer cb, std::int64_t launch, std::int64_
       dispatch(*merge_, static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(std::min(most, merge_groups - g)));
     }
   }
+  if (!host) return;
   if (queries_ != VK_NULL_HANDLE) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
   memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
                  VK_ACCESS_TRANSFER_READ_BIT);
@@ -323,7 +311,7 @@ void Session::record() {
   for (std::int64_t i = 0; i < launches; ++i) {
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     check(vkBeginCommandBuffer(commands_[i], &bi), "vkBeginCommandBuffer");
-    record_launch(commands_[i], i, launches);
+    record_launch(commands_[i], set_, i, launches, true);
     check(vkEndCommandBuffer(commands_[i]), "vkEndCommandBuffer");
   }
 }
@@ -344,6 +332,7 @@ const void* Session::host_source(const AttentionArgs& a, std::uint32_t binding) 
 }
 
 void Session::run(const AttentionArgs& args) {
+  std::lock_guard run_lock(run_lock_);  // the staging buffers and partials are this call's until it returns
   for (std::uint32_t b = kQ; b < kPartials; ++b) {
     const Region& r = regions_[b];
     if (r.bytes == 0) continue;

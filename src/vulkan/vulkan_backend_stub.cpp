@@ -19,5 +19,19 @@ std::vector<DeviceInfo> devices() { return {}; }
 DeviceInfo current_device() { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
 std::vector<std::string> validation_errors() { return {}; }
 double last_gpu_milliseconds() { return 0.0; }
+NativeHandles native_handles() { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
+
+DeviceAttention::DeviceAttention(const AttentionProblem&, const PlanOverrides&) {
+  throw Error("config.backend", "the Vulkan backend is not part of this build");
+}
+DeviceAttention::~DeviceAttention() = default;
+DeviceAttention::DeviceAttention(DeviceAttention&&) noexcept = default;
+DeviceAttention& DeviceAttention::operator=(DeviceAttention&&) noexcept = default;
+const AttentionProblem& DeviceAttention::problem() const { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
+std::string DeviceAttention::describe() const { return "vulkan (not built)"; }
+void DeviceAttention::record(const DeviceArgs&, std::uint64_t) {
+  throw Error("config.backend", "the Vulkan backend is not part of this build");
+}
+void DeviceAttention::run(const DeviceArgs&) { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
 
 }  // namespace attnkit::vulkan

@@ -107,10 +107,15 @@ uint at(TensorLayout l, uint b, uint h, uint r) { return l.offset + b * l.batch 
 // core::VisibilityRule::for_row: the keys [begin, end) row `row` of batch entry b may see.
 ivec2 visible_keys(uint b, uint row) {
   int64_t end = P.has_key_lengths != 0u ? int64_t(key_lengths[b]) : int64_t(P.k_len);
+  // A key length outside [0, k_len] (device buffers: the host could not check it) hides the entry's every key.
+  if (end < 0 || end > int64_t(P.k_len)) return ivec2(0, 0);
   int64_t begin = 0;
   if (P.causal != 0u) {
-    int64_t offset = P.has_offsets != 0u ? int64_t(causal_offsets[b]) : int64_t(P.causal_offset);
-    int64_t limit = int64_t(row) + offset;  // |offset| < 2^31 (the host clamps): no overflow in 64 bits
+    // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
+    // scalar one by the host): every bound below then stays within [-(q_len + 1), q_len + k_len].
+    int64_t offset = P.has_offsets != 0u ? clamp(int64_t(causal_offsets[b]), -int64_t(P.q_len) - 1, int64_t(P.k_len))
+                                         : int64_t(P.causal_offset);
+    int64_t limit = int64_t(row) + offset;
     if (limit < end - 1) end = limit + 1;
     if (P.window > 0u) {
       int64_t first = limit + 1 - int64_t(P.window);
