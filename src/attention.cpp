@@ -64,6 +64,14 @@ std::string backend_name(Backend b) {
   return "?";
 }
 
+bool backend_available(Backend b) {
+  switch (b) {
+    case Backend::Cuda: return cuda::available();
+    case Backend::Vulkan: return vulkan::available();
+    default: return true;
+  }
+}
+
 std::vector<Backend> available_backends() {
   std::vector<Backend> b{Backend::Cpu, Backend::Reference};
   if (cuda::available()) b.push_back(Backend::Cuda);

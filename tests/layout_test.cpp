@@ -165,6 +165,9 @@ TEST(Problem, Backends) {
   const auto b = available_backends();
   EXPECT_NE(std::find(b.begin(), b.end(), Backend::Cpu), b.end());
   EXPECT_NE(std::find(b.begin(), b.end(), Backend::Reference), b.end());
+  for (Backend x : {Backend::Cpu, Backend::Reference, Backend::Cuda, Backend::Vulkan}) {
+    EXPECT_EQ(backend_available(x), std::find(b.begin(), b.end(), x) != b.end()) << backend_name(x);
+  }
   const AttentionProblem p = AttentionProblem::head_first(1, 1, 0, 2, 2, 4);
   AttentionConfig c;
   c.backend = Backend::Reference;

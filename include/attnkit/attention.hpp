@@ -171,6 +171,9 @@ enum class Backend : std::uint8_t {
 std::string backend_name(Backend b);
 // Backends this build can run now (Reference and Cpu always; Cuda when built and a device is present).
 std::vector<Backend> available_backends();
+// Whether one backend can run now: asks that backend only (available_backends() also probes for a Vulkan device,
+// which loads the Vulkan driver).
+bool backend_available(Backend b);
 
 // Parts of the plan that a test or benchmark forces, to compare kernels, key splits or features on one problem in
 // one process. The plan never needs them: it chooses from the problem and the device alone, and every forced

@@ -226,11 +226,8 @@ bool cuda_built() {
 #endif
 }
 
-bool cuda_usable() {
-  for (Backend b : available_backends())
-    if (b == Backend::Cuda) return true;
-  return false;
-}
+// (Only CUDA is asked: listing every backend would also load a Vulkan driver on a CPU call.)
+bool cuda_usable() { return backend_available(Backend::Cuda); }
 
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes, void* stream, const std::string& what) {
 #if defined(ATTNKIT_PYTHON_HAS_CUDA)

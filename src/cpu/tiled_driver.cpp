@@ -250,8 +250,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   // merge would be a share of it). The work budget cuts the items into consecutive runs ("launches"), each
   // ended by the loop's barrier; every item computes the same bits whichever run it lands in, so a cut call
   // equals the whole call. Every thread computes the same cuts.
-#pragma omp parallel num_threads(plan.threads)
-  {
+  auto run_all = [&] {
     for (std::int64_t start = 0; start < plan.items;) {
       std::int64_t stop = start + 1;
       if (p.work_budget == 0) {
@@ -270,7 +269,15 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t block = 0; block < plan.items / plan.splits; ++block) merge_block(block);
     }
+  };
+  // One thread: no parallel region (the worksharing loops above then run on the calling thread alone). Even a
+  // team of one costs the runtime's barrier wake-ups, a share of a tiny call.
+  if (plan.threads == 1) {
+    run_all();
+    return;
   }
+#pragma omp parallel num_threads(plan.threads)
+  run_all();
 }
 
 }  // namespace attnkit::cpu
