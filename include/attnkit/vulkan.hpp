@@ -74,8 +74,8 @@ struct DeviceArgs {
 // inside its buffer, the first reached byte of each on the device's minStorageBufferOffsetAlignment, outputs
 // overlapping no other tensor) and throws attnkit::Error naming the argument before anything is recorded or
 // written. Values in device memory cannot be checked: a key length outside [0, k_len] hides every key of its batch
-// entry (its rows are masked rows), and per-batch causal offsets are clamped to [-(q_len + 1), k_len], as the
-// CUDA backend does (docs/numerics.md).
+// entry (its rows are masked rows), as on the CUDA backend (docs/numerics.md); per-batch causal offsets are
+// clamped to [-(q_len + 1), k_len], which leaves every row's visible keys as they were.
 class Session;  // (the backend's planned problem)
 class DeviceAttention {
  public:
