@@ -4,7 +4,10 @@
 // way to compare two builds of a kernel in one device run; the numbers that count come from bench/bench_cuda.py,
 // side by side with PyTorch in one process.
 //   usage: attnkit_cuda_timing [case-substring [dtype [plan]]]
-//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]   (one shape of your own, head-first)
+//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD]]] [dtype [plan]]   (one shape of your own, head-first;
+//          PAD: every row of Q, K, V and O PAD elements longer than its head dim, as in a slice of a wider tensor)
+//          attnkit_cuda_timing pshape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]  (the same, positions-first: [B, S, H, D],
+//          the layout of PyTorch's and the Python benchmarks' tensors)
 //   plan: plan overrides in their text form (e.g. kernel=mma,splits=4), "" for the plan's own choice.
 #include <attnkit/attention.hpp>
 
@@ -23,7 +26,14 @@ int main(int argc, char** argv) {
   const std::string only_case = argc > 1 ? argv[1] : "";
   const std::string only_dtype = argc > 2 ? argv[2] : "";
   const PlanOverrides plan = parse_plan_overrides(argc > 3 ? argv[3] : "");
-  struct Case { const char* name; std::int64_t b, h, hkv, sq, sk, d; bool causal; std::int64_t dv = 0; };
+  struct Case {
+    const char* name;
+    std::int64_t b, h, hkv, sq, sk, d;
+    bool causal;
+    std::int64_t dv = 0;
+    bool positions_first = false;
+    std::int64_t pad = 0;
+  };
   std::vector<Case> cases = {
       {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
       {"bert_b1_s128", 1, 12, 12, 128, 128, 64, false},     {"bert_b8_s128", 8, 12, 12, 128, 128, 64, false},
@@ -39,13 +49,15 @@ int main(int argc, char** argv) {
       {"bert_large_b32_s256", 32, 16, 16, 256, 256, 64, false},
       {"mqa_decode_b16_k16k", 16, 32, 1, 1, 16384, 128, true},
   };
-  if (only_case.rfind("shape:", 0) == 0) {
-    Case own{"shape", 1, 1, 1, 1, 1, 64, false};
+  const bool own_positions_first = only_case.rfind("pshape:", 0) == 0;
+  if (only_case.rfind("shape:", 0) == 0 || own_positions_first) {
+    Case own{own_positions_first ? "pshape" : "shape", 1, 1, 1, 1, 1, 64, false};
+    own.positions_first = own_positions_first;
     int causal = 0;
-    const int n = std::sscanf(only_case.c_str() + 6, "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld", &own.b, &own.h, &own.hkv,
-                              &own.sq, &own.sk, &own.d, &causal, &own.dv);
+    const int n = std::sscanf(only_case.c_str() + (own_positions_first ? 7 : 6), "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld,%ld", &own.b, &own.h,
+                              &own.hkv, &own.sq, &own.sk, &own.d, &causal, &own.dv, &own.pad);
     if (n < 6) {
-      std::fprintf(stderr, "usage: shape:B,H,HKV,SQ,SK,D[,causal[,DV]]\n");
+      std::fprintf(stderr, "usage: [p]shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD]]]\n");
       return 2;
     }
     own.causal = causal != 0;
@@ -60,14 +72,21 @@ int main(int argc, char** argv) {
     for (DType t : {DType::f32, DType::f16, DType::bf16}) {
       if (!only_dtype.empty() && only_dtype != dtype_name(t)) continue;
       const std::int64_t dv = c.dv > 0 ? c.dv : c.d;
+      // Rows of `cols` elements and c.pad more (a slice of a wider tensor), in the case's order.
+      const auto layout = [&](std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+        return c.positions_first ? Layout::positions_first(heads, rows, cols + c.pad)
+                                 : Layout::head_first(heads, rows, cols + c.pad);
+      };
       AttentionProblem p = AttentionProblem::head_first(c.b, c.h, c.hkv, c.sq, c.sk, c.d, t);
       p.causal = c.causal;
       p.v_head_dim = dv;
-      p.v = Layout::head_first(c.hkv, c.sk, dv);
-      p.o = Layout::head_first(c.h, c.sq, dv);
+      p.q = layout(c.h, c.sq, c.d);
+      p.k = layout(c.hkv, c.sk, c.d);
+      p.v = layout(c.hkv, c.sk, dv);
+      p.o = layout(c.h, c.sq, dv);
       const std::size_t es = dtype_size(t);
-      const std::int64_t nq = c.b * c.h * c.sq * c.d, nk = c.b * c.hkv * c.sk * c.d;
-      const std::int64_t nv = c.b * c.hkv * c.sk * dv, no = c.b * c.h * c.sq * dv;
+      const std::int64_t nq = c.b * c.h * c.sq * (c.d + c.pad), nk = c.b * c.hkv * c.sk * (c.d + c.pad);
+      const std::int64_t nv = c.b * c.hkv * c.sk * (dv + c.pad), no = c.b * c.h * c.sq * (dv + c.pad);
       std::vector<std::uint16_t> host(static_cast<std::size_t>(std::max(nq, nk)) * 2);
       std::mt19937 rng(1);
       std::normal_distribution<float> normal;
@@ -121,7 +140,7 @@ int main(int argc, char** argv) {
       double pairs = static_cast<double>(c.sq) * c.sk;
       if (c.causal && c.sq > 1) pairs = static_cast<double>(c.sq) * (c.sk - c.sq) + c.sq * (c.sq + 1) / 2.0;
       const double flops = 2.0 * c.b * c.h * pairs * (c.d + dv);
-      const double bytes_min = static_cast<double>(es) * (nq + no + nk + nv);
+      const double bytes_min = static_cast<double>(es) * (c.b * c.h * c.sq + c.b * c.hkv * c.sk) * (c.d + dv);
       std::printf("%-28s %-9s %10.2f %10.2f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(),
                   eager_ms * 1e3, graph_ms * 1e3, flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
       cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);

@@ -25,10 +25,11 @@ std::vector<std::int64_t> swept_head_dims() {
   return dims;
 }
 
-AttentionConfig forced(const std::string& kernel) {
+AttentionConfig forced(const std::string& kernel, const std::string& off = "") {
   AttentionConfig c;
   c.backend = Backend::Cuda;
   if (!kernel.empty()) c.plan.kernel = kernel;
+  if (!off.empty()) c.plan.off = {off};
   return c;
 }
 
@@ -44,12 +45,16 @@ std::vector<std::string> check_every_kernel(const CaseSpec& spec, DType t, bool 
   const auto ref = data.reference();
   DeviceMirror dev(data);
   std::vector<std::string> ran;
-  std::vector<std::string> plans{""};
-  for (const std::string& k : plan_kernel_names()) plans.push_back(k);
-  for (const std::string& k : plans) {
-    Attention op(data.problem(), forced(k));
-    const std::string kernel = kernel_of(op);
-    const std::string wanted = k == "mma" ? "tensor-core" : k;
+  // (The wgmma kernel twice: its K/V tiles by TMA and by the producer's copies, the plan picking one by the rows.)
+  std::vector<std::pair<std::string, std::string>> plans{{"", ""}};
+  for (const std::string& k : plan_kernel_names()) plans.push_back({k, ""});
+  plans.push_back({"wgmma", "kv-tma"});
+  plans.push_back({"wgmma", "kv-copies"});
+  for (const auto& [k, off] : plans) {
+    Attention op(data.problem(), forced(k, off));
+    const std::string copies = op.describe().find("K/V by copies") != std::string::npos ? " (K/V by copies)" : "";
+    const std::string kernel = kernel_of(op) + copies;
+    const std::string wanted = (k == "mma" ? "tensor-core" : k) + copies;
     if ((!k.empty() && kernel != wanted) || std::find(ran.begin(), ran.end(), kernel) != ran.end()) continue;
     ran.push_back(kernel);
     dev.run(op);
@@ -61,7 +66,7 @@ std::vector<std::string> check_every_kernel(const CaseSpec& spec, DType t, bool 
       EXPECT_EQ(first, data.output_bytes()) << "two runs differ: " << op.describe();
       AttentionProblem cut = data.problem();
       cut.work_budget = 1;  // one block per launch
-      Attention cut_op(cut, forced(k));
+      Attention cut_op(cut, forced(k, off));
       dev.run(cut_op);
       EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut_op.describe();
     }

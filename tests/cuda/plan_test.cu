@@ -241,6 +241,43 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain");
 }
 
+// K/V rows that are not whole 32-byte sectors (a head dim of an odd number of 16-byte chunks, or a stride or
+// offset off 32 bytes) reach the wgmma kernel's tiles by its producer's 16-byte copies, not TMA; forced either
+// way by off=kv-copies / off=kv-tma; never on another kernel or a persistent grid.
+TEST(CudaPlan, SlowTmaRowsOfTheSixtyFourBucketTakeTheWgmmaKernelsCopies) {
+  // Rows of 48 and 80 bytes in the 64 bucket: copies; every other dim of the bucket and the 128 bucket's keep TMA.
+  for (std::int64_t d : {24, 40}) {
+    const CudaPlan plan = plan_with(shape(4, 16, 16, 2048, 2048, d, false), "kernel=wgmma");
+    EXPECT_EQ(plan.kernel, Kernel::Warpgroup) << d;
+    EXPECT_TRUE(plan.kv_copies) << "head dim " << d;
+  }
+  for (std::int64_t d : {16, 32, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 160, 192, 200, 256}) {
+    EXPECT_FALSE(plan_with(shape(4, 16, 16, 2048, 2048, d, false), "kernel=wgmma").kv_copies) << "head dim " << d;
+  }
+  // Both K's and V's rows must be slow: K 40 with V 64 keeps TMA, and so do rows of 48 in a stride of 56 (96 bytes).
+  AttentionProblem v64 = AttentionProblem::head_first(4, 16, 16, 2048, 2048, 40, DType::bf16);
+  v64.v_head_dim = 64;
+  v64.v = v64.o = Layout::head_first(16, 2048, 64);
+  EXPECT_FALSE(plan_of(core::normalize_and_check(v64)).kv_copies);
+  AttentionProblem wide_rows = AttentionProblem::head_first(4, 16, 16, 2048, 2048, 48, DType::bf16);
+  wide_rows.k = Layout::head_first(16, 2048, 56);
+  wide_rows.v = Layout::head_first(16, 2048, 56);
+  EXPECT_FALSE(plan_of(core::normalize_and_check(wide_rows)).kv_copies);
+  // Head dim 40 whose heads sit side by side in positions-first rows (heads 80 bytes apart): copies.
+  const AttentionProblem positions = AttentionProblem::positions_first(4, 16, 16, 2048, 2048, 40, DType::bf16);
+  EXPECT_TRUE(plan_of(core::normalize_and_check(positions)).kv_copies);
+  const CudaPlan d40 = plan_of(shape(4, 16, 16, 2048, 2048, 40, false));
+  EXPECT_NE(cuda::describe(d40).find(", K/V by copies"), std::string::npos) << cuda::describe(d40);
+  EXPECT_FALSE(plan_with(shape(4, 16, 16, 2048, 2048, 40, false), "kernel=wgmma,off=kv-copies").kv_copies);
+  EXPECT_FALSE(plan_with(shape(4, 16, 16, 2048, 2048, 40, false), "kernel=mma").kv_copies) << "mma.sync";
+  EXPECT_FALSE(plan_of(shape(4, 16, 16, 2048, 2048, 40, false), /*sm90=*/false).kv_copies);
+  // off=kv-tma forces copies wherever wgmma runs float K/V, never with a persistent grid.
+  const CudaPlan forced = plan_with(shape(8, 12, 12, 512, 512, 64, false), "off=kv-tma");
+  EXPECT_TRUE(forced.kv_copies);
+  EXPECT_EQ(forced.persistent_places, 0) << "a persistent grid loads K/V by TMA only";
+  EXPECT_TRUE(plan_with(shape(4, 16, 16, 2048, 2048, 128, false), "off=kv-tma").kv_copies);
+}
+
 // A plain wgmma grid just past whole waves splits its tail row blocks in key ranges (Whisper's encoder at head
 // dim 128: 144 row blocks of 12 tiles, one per SM on 132 SMs); a tail of half the places or more, a short key
 // range, a grid of one wave, three blocks per SM, the general build and off=tail do not.

@@ -51,6 +51,7 @@ struct KernelParams {
   bool return_lse;
   bool has_sink;
   bool q_by_tma;  // the wgmma kernel's plain build: Q by TMA (WarpgroupMaps::q_by_tma, copied here by its launch)
+  bool kv_copies;  // the wgmma kernel: K/V tiles by its producer warpgroup's 16-byte copies (CudaPlan::kv_copies)
   // The mma.sync kernel loads Q, K and V element by element: some row does not start on 16 bytes, or a dim is not
   // a multiple of 8 (the 16-byte chunk copies need both). Never in a plain build.
   bool element_loads;
@@ -209,10 +210,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // 16-byte copy global -> shared; `valid` false writes zeros (keys past the tile, padded rows).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ void cp_async16_at(std::uint32_t smem_addr, const void* gmem, bool valid) {
   const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(valid ? gmem : nullptr), "r"(src_size));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(valid ? gmem : nullptr),
+               "r"(src_size));
+}
+// The same at a shared-space address, `gmem` passed as it is: with `valid` false nothing is read from it (a source
+// size of 0), so an address past the tensor's rows needs no select (registers of a 24-register producer).
+__device__ __forceinline__ void cp_async16_zero_fill(std::uint32_t smem_addr, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  cp_async16_at(static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }

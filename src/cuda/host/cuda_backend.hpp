@@ -48,6 +48,9 @@ struct CudaPlan {
   // The wgmma kernel at head dim 64 as three 64-row blocks per SM (instead of two), 128-key tiles one at a time:
   // for problems whose rows see every key with the scale in the exponent (sees_keys_as_plain).
   bool three_per_sm = false;
+  // The wgmma kernel's K/V tiles by the producer warpgroup's 16-byte copies instead of TMA: rows that are not
+  // whole 32-byte sectors (kv_rows_want_copies).
+  bool kv_copies = false;
   // What the plan was made with (a test's or benchmark's forced choices), for the run's own choices (programmatic
   // launches, the causal block order, the GQA op's rotary of Q) and its fallback plan.
   PlanOverrides overrides;

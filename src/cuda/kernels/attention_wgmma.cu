@@ -251,6 +251,31 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   };
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
+  // Rows that TMA would stream slowly (p.kv_copies, kv_rows_want_copies): the producer warpgroup copies the
+  // tiles in 16-byte chunks into the slots' swizzled layout, warps 0-1 K's and warps 2-3 V's, zeros past the
+  // real dims and past k_len as TMA's out-of-bounds fill. Each thread arrives on the slot's full barrier (whose
+  // count is the 64 threads) once its copies of the g-th tile (keys from t0) have landed. (The producer runs on
+  // 24 registers: one column pointer, one address per copy.)
+  auto copy_kv_tile = [&](int g, int t0, const T* column, std::int64_t row_stride, std::int64_t dim,
+                          std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots) {
+    constexpr int kRowsPerPass = 64 / kChunks;  // (head dim 192: 2 rows of 24 chunks, 16 threads idle)
+    const int slot = g % kSlots;
+    sm90::mbarrier_wait(&empty[slot], ((g / kSlots) % 2) ^ 1);
+    const int row = tid % 64 / kChunks, chunk = tid % 64 % kChunks;
+    if (row < kRowsPerPass) {
+      const std::uint32_t tile = sm90::smem_u32(slots) + slot * kTileBytes;
+      const int keys = chunk * 8 < dim ? min(kTileKeys, static_cast<int>(p.k_len - t0)) : 0;
+#pragma unroll 1
+      for (int r = row; r < kTileKeys; r += kRowsPerPass) {
+        cp_async16_zero_fill(tile + swizzled_chunk(kTileKeys, r, chunk), column + (t0 + r) * row_stride, r < keys);
+      }
+    }
+    // Landed, then made visible to the MMAs' async proxy by the threads that wrote them, then the arrival.
+    cp_async_commit();
+    cp_async_wait_all();
+    sm90::fence_proxy_async();
+    sm90::mbarrier_arrive(&full[slot]);
+  };
   const int q_rows = solo ? 64 : kBlockRows;
   const bool rotary = !kPlain && p.rotary.cos != nullptr;
   // Q's plain chunks [first_chunk, kChunks) of every row by cp.async (zeros for padded rows), at the rows'
@@ -299,8 +324,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
   if (tid == 0) {
     for (int i = 0; i < kSlots; ++i) {
-      sm90::mbarrier_init(&k_full[i], kQuantized ? 4 : 1);
-      sm90::mbarrier_init(&v_full[i], kQuantized ? 4 : 1);
+      const unsigned fills = kQuantized ? 4 : p.kv_copies ? 64 : 1;  // (converting warps, copying threads, TMA)
+      sm90::mbarrier_init(&k_full[i], fills);
+      sm90::mbarrier_init(&v_full[i], fills);
       sm90::mbarrier_init(&k_empty[i], consumer_threads / 32);
       sm90::mbarrier_init(&v_empty[i], consumer_threads / 32);
     }
@@ -316,7 +342,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     if (kPersistent) sm90::mbarrier_init(q_empty, consumer_threads / 32);
     sm90::fence_barrier_init();
     if (q_by_tma) issue_q();
-    if (early) issue_kv_tile(0, early_tile);
+    if (early && !p.kv_copies) issue_kv_tile(0, early_tile);
   }
   if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
     load_q(0, false);  // the consumers' rows
@@ -364,6 +390,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     } else if (kSequences && pages_keys(p)) {
       if (warp == 0) {
         for (int t = 0; t < tiles; ++t) issue_paged_tile(t, first_tile + t * kTileKeys, hi);
+      }
+    } else if (!kQuantized && !kPersistent && p.kv_copies) {  // (never a persistent grid: the launch checks)
+      const bool v = warp >= 2;
+      const int chunk = tid % 64 % kChunks * 8;
+      const T* const column = v ? static_cast<const T*>(p.v) + p.lv.index(c.b, c.kvh, 0) + chunk
+                                : static_cast<const T*>(p.k) + p.lk.index(c.b, c.kvh, 0) + chunk;
+#pragma unroll 1
+      for (int t = 0; t < tiles; ++t) {
+        copy_kv_tile(t, first_tile + t * kTileKeys, column, v ? p.lv.row_stride : p.lk.row_stride,
+                     v ? p.v_head_dim : p.head_dim, v ? v_empty : k_empty, v ? v_full : k_full, v ? vs : ks);
       }
     } else if (tid == 0) {
       // With the early tile in flight, a block with rows but no visible key (tiles == 0) still waits for its
@@ -779,8 +815,8 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if constexpr (D == 64) {
       if (p.three_per_sm && sees_keys_as_plain(p)) {
         // A persistent grid needs Q by TMA (its producer loads the next unit's) and one key range for every unit.
-        const bool persistent = maps.q_by_tma != 0 && blocks > p.persistent_places && p.persistent_places > 0 &&
-                                p.tail_pieces <= 1 && !p.cluster_merge && p.k_len > 0;
+        const bool persistent = maps.q_by_tma != 0 && !p.kv_copies && blocks > p.persistent_places &&
+                                p.persistent_places > 0 && p.tail_pieces <= 1 && !p.cluster_merge && p.k_len > 0;
         if (runs_plain(p)) {
           if (persistent) return launch_stored<T, D, T, true, true, true>(p, maps, blocks, stream, overlap);
           return launch_stored<T, D, T, true, true>(p, maps, blocks, stream, overlap);

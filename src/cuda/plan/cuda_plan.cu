@@ -90,6 +90,29 @@ bool rule_hides_no_key(const AttentionProblem& p) {
          !p.has_causal_offsets;
 }
 
+// Whether the wgmma kernel takes K and V by its producer warpgroup's 16-byte copies (KernelParams::kv_copies)
+// rather than TMA. TMA streams rows that are not whole 32-byte sectors (a row whose bytes, or whose start, is an
+// odd multiple of 16) slowly, 80-byte rows most: on the H200 (bench/results/2026-12-02-h200-wgmma-kv-copies.md,
+// batch 4 x 16 heads x 2048, bfloat16) head dim 40 ran 268 us by TMA and 220 by copies, where 48 and 64 run
+// 165-170 by TMA. The copies are no cure elsewhere: 56 (112-byte rows) 215 / 221 us, K 40 with V 64 188 / 220,
+// whole sectors 25-45% slower, and in the 128 bucket (one 128-row block per SM) 72-120 ran 275-296 us by TMA
+// and 384 by copies. So: the 64 bucket, K and V rows both off whole sectors and of at most 80 bytes. Ragged and
+// paged K/V keep TMA (their tiles are boxes of the entry's rows or pages), and so does a quantized cache (its
+// raw ring); `off=kv-tma` / `off=kv-copies` force either way (tests, benchmarks).
+bool kv_rows_want_copies(const AttentionProblem& p, const PlanOverrides& o) {
+  if (p.sequences.any() || p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) return false;
+  if (o.is_off("kv-tma")) return true;
+  if (o.is_off("kv-copies")) return false;
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.dtype));
+  const auto slow_rows = [&](const Layout& l, std::int64_t dim) {
+    const bool sectors = dim * elem % 32 == 0 && l.offset * elem % 32 == 0 && l.row_stride * elem % 32 == 0 &&
+                         l.head_stride * elem % 32 == 0 && l.batch_stride * elem % 32 == 0;
+    return !sectors && dim * elem <= 80;
+  };
+  return warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim)) == 64 && slow_rows(p.k, p.head_dim) &&
+         slow_rows(p.v, p.v_head_dim);
+}
+
 // Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
 bool plain_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
@@ -377,6 +400,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
       }
     }
   }
+  plan.kv_copies = warpgroup && kv_rows_want_copies(p, o);
   // The persistent grid of three per SM's plain build: where its blocks' last round is whole or at least two
   // thirds full. Then a block's next unit loads under the end of its current one: on the H200, against one block
   // per unit, 768 units on 396 places (bert_b8_s512) 21.4 -> 20.3 us, 1,152 31.9 -> 30.0, 1,536 41.5 -> 39.5. A
@@ -386,7 +410,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // (bench/results/2026-12-01-h200-cuda-persistent.md).
   const std::int64_t places = sms * device.warpgroup_three_resident;
   const std::int64_t last_round = places > 0 ? plan.blocks % places : 0;
-  if (plan.three_per_sm && plan.plain && !o.is_off("persistent")) {
+  if (plan.three_per_sm && plan.plain && !plan.kv_copies && !o.is_off("persistent")) {
     if (o.persistent_blocks > 0) {
       plan.persistent_places = o.persistent_blocks;
     } else if (plan.blocks > places && (last_round == 0 || 3 * last_round >= 2 * places)) {
