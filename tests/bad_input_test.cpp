@@ -610,6 +610,22 @@ TEST(BadInput, EmptyProblemWithHugeBatchReturnsAtOnce) {
   }
 }
 
+// A head count of 2^63 - 1 over empty sequences passes every rule (its extents fit int64); the planners' divisions
+// of it must not overflow (the CPU plan's ceil_div did: UBSan, found by fuzz_attention on 2026-12-03; the input is
+// tests/fuzz/regressions/fuzz_attention/crash-70d0d025...). Signed overflow is silent in a Release build: the
+// sanitizer pass of CI is where this test fails without the fix.
+TEST(BadInput, EmptyProblemWithAnInt64HeadCountPlansAndReturns) {
+  constexpr std::int64_t kHeads = std::numeric_limits<std::int64_t>::max();
+  for (Backend backend : {Backend::Reference, Backend::Cpu}) {
+    for (const std::int64_t batch : {std::int64_t{0}, std::int64_t{1}}) {
+      const AttentionProblem p = AttentionProblem::head_first(batch, kHeads, kHeads, 0, 0, 1);
+      AttentionConfig config;
+      config.backend = backend;
+      ASSERT_NO_THROW(Attention(p, config).run(AttentionArgs{})) << backend_name(backend) << " batch " << batch;
+    }
+  }
+}
+
 // Concurrent run() on one object: calls with their own scratch run at once, calls without take turns on the op's
 // scratch; every result is bit-identical to a single-threaded run.
 TEST(ThreadSafety, ConcurrentRunsOnOneAttentionAreBitIdentical) {

@@ -1,4 +1,5 @@
-// Overflow-checked int64 arithmetic for the host validation layers (problem_check.cpp, gqa_check.cpp, views.cpp).
+// Overflow-checked int64 arithmetic for the host validation layers (problem_check.cpp, gqa_check.cpp, views.cpp)
+// and the planners' divisions.
 //
 // Every size, span and offset a check computes from caller-given numbers goes through these: a product or sum
 // that does not fit int64 is an answer ("does not fit"), never a wrapped value that a later comparison would
@@ -44,5 +45,9 @@ inline std::optional<std::int64_t> checked_extent_product(std::initializer_list<
   }
   return r;
 }
+
+// ceil(a / b) for a >= 0 and b > 0, exact for every int64 a: the planners divide extents that the checks let be
+// as large as int64 allows (a head count of 2^63 - 1 over an empty batch), where a + b - 1 would wrap.
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace attnkit::core

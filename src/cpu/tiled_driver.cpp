@@ -1,5 +1,6 @@
 // The tiled CPU kernel's driver: planning (row blocks, the key split), scratch layout, the thread loop with
 // its work-budget cut, and the split-K merge pass. The SIMD work item is in tiled_kernel.cpp.
+#include "../core/checked_int.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/visibility.hpp"
 #include "amx_tiles.hpp"
@@ -30,7 +31,7 @@ T* take(std::byte* base, std::size_t& offset, std::int64_t count) {
   return p;
 }
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using core::ceil_div;
 
 struct ItemIndex {
   std::int64_t b, kvh, block, split;

@@ -1,5 +1,6 @@
 #include "vulkan_plan.hpp"
 
+#include "core/checked_int.hpp"
 #include "core/launch_cuts.hpp"
 #include "core/require.hpp"
 
@@ -25,7 +26,7 @@ constexpr std::int64_t kCoopMaxHeadDim = 128;
 // Workgroups per launch of the emulated matrix build: bounds its per-thread scratch on a GPU.
 constexpr std::int64_t kEmulatedLaunchGroups = 1024;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using core::ceil_div;
 
 // Keys per tile: the unrolled loops over a tile (shaders/common.glsl) hold TK x head dim products, so wide heads
 // take shorter tiles to keep the shader small (32 up to 64 dims, 16 up to 128, 8 above).

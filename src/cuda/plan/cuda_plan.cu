@@ -5,6 +5,7 @@
 #include "cuda/plan/cuda_plan.hpp"
 #include "cuda/host/kernel_launchers.hpp"
 
+#include "core/checked_int.hpp"
 #include "core/work_rounds.hpp"
 #include "cuda/config/tile_table.hpp"
 
@@ -62,7 +63,7 @@ constexpr std::int64_t kPlainMaxKeys = 2048;
 constexpr std::int64_t kTailPieceTiles = 2;
 constexpr std::int64_t kTailMinTiles = 4;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using core::ceil_div;
 
 // The tensor-core kernel copies rows in 16-byte chunks: every row of Q, K and V must start on 16 bytes.
 bool layout_aligned16(const Layout& l) {
