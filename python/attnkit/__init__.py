@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from . import _attnkit
 
-__all__ = ["attention", "attention_varlen", "group_query_attention", "available_backends", "__version__"]
+__all__ = ["attention", "attention_varlen", "append_kv", "group_query_attention", "available_backends", "__version__"]
 
 __version__: str = _attnkit.__version__
 
@@ -444,6 +444,51 @@ def attention_varlen(
                             max_seqlen_k, causal, window, softcap, scale, masked_rows, return_lse, out, head_sink,
                             threads, backend, kv_layout, plan)
     return (o, lse) if return_lse else o
+
+
+def append_kv(
+    k_new: Any,
+    v_new: Any,
+    k_cache: Any,
+    v_cache: Any,
+    positions: Any,
+    *,
+    block_table: Any = None,
+    new_lengths: Any = None,
+    kv_layout: str = "nhd",
+    backend: str = "auto",
+) -> None:
+    """Writes new K/V rows into paged or dense caches, in place: the cache update of a serving step.
+
+    ``k_new`` / ``v_new`` are ``[B, new_len, Hkv, D]`` (the projections' layout; any strides with a contiguous
+    last dimension). Row ``r`` of entry ``b`` goes to position ``positions[b] + r`` of that entry (int32 or int64
+    ``[B]``; ``new_lengths`` ``[B]``: entry ``b`` appends only its first ``new_lengths[b]`` rows). With
+    ``block_table`` (int32 ``[B, max_pages_per_seq]``) the caches are pages, ``[num_pages, page_size, Hkv, D]``
+    (``kv_layout="nhd"``) or ``[num_pages, Hkv, page_size, D]`` (``"hnd"``), as :func:`attention` reads them:
+    position ``p`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``. Without it they are dense,
+    ``[B, capacity, Hkv, D]`` (``"nhd"``) or ``[B, Hkv, capacity, D]`` (``"hnd"``). Rows are copied as they are
+    (same dtype: float32, float16 or bfloat16).
+
+    Host arrays run on the CPU: a position, new length or page out of range raises ``ValueError`` before anything
+    is written. CUDA arrays run on the current stream and the values are read on the device only (no
+    synchronisation: the call captures in a CUDA graph); an entry with a value out of range writes nothing. torch
+    tensors go through the custom op ``torch.ops.attnkit.append_kv`` (mutating ``k_cache`` and ``v_cache``), so
+    ``torch.compile`` and CUDA graphs capture it.
+
+    Raises:
+        TypeError: an argument is not an array, or has the wrong dtype.
+        ValueError: a shape, layout or (host) value is not accepted; nothing is written.
+    """
+    if _choice("kv_layout", kv_layout, ("nhd", "hnd")) not in ("nhd", "hnd"):
+        raise ValueError(f"kv_layout: must be 'nhd' or 'hnd', got {kv_layout!r}")
+    hnd = kv_layout == "hnd"
+    backend = _choice("backend", backend, ("auto", "cpu", "cuda"))
+    if _is_torch_tensor(k_new):
+        ops = _TORCH_OPS or _load_torch_ops()
+        ops.append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
+        return
+    _attnkit.append_kv(k_new, v_new, k_cache, v_cache, _index_array(positions), _index_array(block_table),
+                       _index_array(new_lengths), hnd, backend, _current_stream(k_new))
 
 
 def _int_attribute(name: str, value: Any) -> int:

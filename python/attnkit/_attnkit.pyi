@@ -55,6 +55,20 @@ def attention_sequences(
 ) -> Tuple[Any, Optional[Any]]:
     """Ragged batches and paged K/V (host arrays); see attnkit.attention_varlen. Returns (out, lse or None)."""
 
+def append_kv(
+    k_new: Any,
+    v_new: Any,
+    k_cache: Any,
+    v_cache: Any,
+    positions: Any,
+    block_table: Any,
+    new_lengths: Any,
+    hnd: bool,
+    backend: str,
+    stream: int,
+) -> None:
+    """New K/V rows into paged or dense caches, in place (host or CUDA arrays); see attnkit.append_kv."""
+
 def available_backends() -> list[str]:
     """Backends this build can run now, e.g. ['cpu', 'reference']."""
 

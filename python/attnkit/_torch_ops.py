@@ -335,3 +335,44 @@ def group_query_attention(inputs: Sequence[Any], total_sequence_length: Any, out
     given = (output, past_key if in_place else present_key, past_value if in_place else present_value, output_qk)
     results = tuple(g if g is not None else f for g, f in zip(given, fresh))
     return results if qk_output != 0 else results[:3]
+
+
+# ---- append_kv ----
+
+def _int32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An int64 index tensor as int32 (a device op where it lies, no read-back); past int32: int32's limit, which
+    the checks refuse."""
+    if t is not None and t.dtype == torch.int64:
+        return t.clamp(-1, _INT32_MAX).to(torch.int32)
+    return t
+
+
+def _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend) -> None:
+    positions, block_table, new_lengths = _int32(positions), _int32(block_table), _int32(new_lengths)
+    _attnkit.append_kv(_capsule(k_new), _capsule(v_new), _capsule(k_cache), _capsule(v_cache), _capsule(positions),
+                       None if block_table is None else _capsule(block_table),
+                       None if new_lengths is None else _capsule(new_lengths), hnd, backend, _stream(k_new))
+
+
+@torch.library.custom_op("attnkit::append_kv", mutates_args=("k_cache", "v_cache"))
+def append_kv_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 positions: torch.Tensor, block_table: Optional[torch.Tensor], new_lengths: Optional[torch.Tensor],
+                 hnd: bool, backend: str) -> None:
+    """attnkit.append_kv: the new rows written into k_cache / v_cache in place."""
+    _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
+
+
+@append_kv_op.register_fake
+def _append_kv_fake(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend) -> None:
+    return None
+
+
+def append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd: bool, backend: str) -> None:
+    """attnkit.append_kv's path for torch tensors: the binding directly in plain eager calls, else the custom op
+    (torch.compile, export, dispatch modes see a mutation of the two caches)."""
+    refuse_grad(k_new=k_new, v_new=v_new)
+    args = (k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
+    if _plain_eager((k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths)):
+        _append_kv_impl(*args)
+    else:
+        append_kv_op(*args)

@@ -411,6 +411,7 @@ int run_cli(const std::vector<std::string>& args) {
 
 void register_gqa(nb::module_& m);  // gqa_binding.cpp: group_query_attention
 void register_sequences(nb::module_& m);  // sequences_binding.cpp: attention_varlen, paged K/V
+void register_kv_append(nb::module_& m);  // kv_append_binding.cpp: append_kv
 
 }  // namespace attnkit::python
 
@@ -450,4 +451,5 @@ NB_MODULE(_attnkit, m) {
         "Runs the attnkit command-line tool in-process (argv[0] is the program name); returns its exit code.");
   register_gqa(m);
   register_sequences(m);
+  register_kv_append(m);
 }

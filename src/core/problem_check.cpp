@@ -17,6 +17,8 @@ constexpr std::int64_t kMaxHeadDim = 256;
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
+}  // namespace
+
 void check_layout_signs(const Layout& l, const std::string& name) {
   ATTNKIT_REQUIRE(l.offset >= 0, name + ".offset", "must be >= 0 (got " + str(l.offset) + ")");
   ATTNKIT_REQUIRE(l.batch_stride >= 0, name + ".batch_stride", "must be >= 0 (got " + str(l.batch_stride) + ")");
@@ -50,6 +52,8 @@ void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t hea
   }
 }
 
+namespace {
+
 // Byte range [first, last) of a span of `bits`-bit elements (4-bit elements: a partly used byte counts), in
 // 128-bit arithmetic: a span of an input nothing reads (K of a problem with no queries) is not bounded by its
 // buffer, and an address plus its bytes may pass 2^64 without wrapping to a low address here.
@@ -64,12 +68,16 @@ ByteRange byte_range(const void* base, IndexSpan s, std::int64_t bits) {
   return {at + lowest * b / 8, at + (end * b + 7) / 8};
 }
 
+}  // namespace
+
 bool bytes_overlap(const void* a, IndexSpan sa, std::int64_t abits, const void* b, IndexSpan sb, std::int64_t bbits) {
   if (a == nullptr || b == nullptr || sa.empty() || sb.empty()) return false;
   const ByteRange ra = byte_range(a, sa, abits);
   const ByteRange rb = byte_range(b, sb, bbits);
   return ra.first < rb.last && rb.first < ra.last;
 }
+
+namespace {
 
 struct Region {
   const char* name;
@@ -125,6 +133,8 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
                                            : "per-channel quantization needs kv_heads * dim = " + str(need)));
 }
 
+}  // namespace
+
 // A buffer of `elements` elements of `bits` bits each: no more bytes than an address space holds (so that every
 // byte offset into it, index * element size, fits a signed pointer difference), and every index the layout
 // reaches below `elements`.
@@ -139,8 +149,6 @@ void check_buffer(const char* name, const void* data, std::int64_t elements, std
           "the layout reaches element " + str(span.highest) + " but the buffer holds " + str(elements) +
               " elements");
 }
-
-}  // namespace
 
 IndexSpan index_span(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t cols,
                      const std::string& name) {

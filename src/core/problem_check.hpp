@@ -31,6 +31,17 @@ struct IndexSpan {
 IndexSpan index_span(const Layout& layout, std::int64_t batch, std::int64_t heads, std::int64_t rows,
                      std::int64_t cols, const std::string& name = "layout");
 
+// The buffer rules, shared by the ops that take layouts (attention, append_kv); each throws Error naming `name`.
+// Offsets and strides >= 0.
+void check_layout_signs(const Layout& l, const std::string& name);
+// An output gives every element its own address (sorted strides each step over the inner dimensions' span).
+void check_no_self_overlap(const Layout& l, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                           std::int64_t cols, const std::string& name);
+// A stated size within an address space, and every index of `span` below it (a non-empty span needs data).
+void check_buffer(const char* name, const void* data, std::int64_t elements, std::int64_t bits, IndexSpan span);
+// Whether two spans of elements of the given bits share a byte (128-bit arithmetic; null or empty: no).
+bool bytes_overlap(const void* a, IndexSpan sa, std::int64_t abits, const void* b, IndexSpan sb, std::int64_t bbits);
+
 // The most CPU worker threads a config may ask for (each gets its own workspace).
 inline constexpr int kMaxThreads = 1024;
 // A config's `threads` (0: all cores) and `backend` (one of the enum's values); `prefix` names the struct.

@@ -3,8 +3,11 @@
 // AddressSanitizer reports any access past them.
 #pragma once
 
+#include <attnkit/layout.hpp>
+
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -79,6 +82,99 @@ class Buffer {
 // A written buffer must keep its bytes when a call is rejected: anything else is a bug worth a crash report.
 inline void require_unchanged(const Buffer& b, const std::vector<std::byte>& snapshot) {
   if (!b.equals(snapshot)) std::abort();
+}
+
+// Elements a fuzz target allocates for one buffer at most.
+inline constexpr std::int64_t kMaxElements = std::int64_t{1} << 15;
+
+// One tensor's layout: a dense or padded one for its extents (most inputs: they reach the kernels), or any
+// offset and strides.
+inline Layout draw_layout(FuzzedDataProvider& in, std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+  // The dense helpers multiply the extents in int64 (the caller's arithmetic): only for extents whose product fits.
+  const bool small = heads >= 0 && rows >= 0 && cols >= 0 && heads < (1 << 20) && rows < (1 << 20) &&
+                     cols < (1 << 20);  // then heads * rows * (cols + 9) < 2^61
+  switch (small ? in.ConsumeIntegralInRange<int>(0, 5) : 5) {
+    case 0: return Layout::head_first(heads, rows, cols);
+    case 1: return Layout::positions_first(heads, rows, cols);
+    case 2: {  // padded: an offset, longer rows, gaps between heads and batch entries
+      const std::int64_t pad = in.ConsumeIntegralInRange<std::int64_t>(0, 9);
+      const Layout d = Layout::head_first(heads, rows, cols + pad);
+      return {pad, d.batch_stride + pad, d.head_stride + pad, d.row_stride};
+    }
+    case 3: {  // broadcast: a stride of 0 somewhere
+      Layout l = Layout::head_first(heads, rows, cols);
+      const int which = in.ConsumeIntegralInRange<int>(0, 2);
+      (which == 0 ? l.batch_stride : which == 1 ? l.head_stride : l.row_stride) = 0;
+      return l;
+    }
+    default:
+      return {edgy_int(in, 0, 64), edgy_int(in, 0, 4096), edgy_int(in, 0, 1024), edgy_int(in, 0, 128)};
+  }
+}
+
+// Highest index + 1 a layout reaches (saturated at int64's top), computed apart from the library's checks.
+inline std::int64_t reach(const Layout& l, std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) {
+  if (b <= 0 || h <= 0 || r <= 0 || c <= 0) return 0;
+  // Each product is below 2^126 in magnitude; the sum is saturated term by term so that it cannot pass 2^127.
+  const __int128 terms[] = {static_cast<__int128>(b - 1) * l.batch_stride, static_cast<__int128>(h - 1) * l.head_stride,
+                            static_cast<__int128>(r - 1) * l.row_stride, static_cast<__int128>(c)};
+  constexpr __int128 kFar = static_cast<__int128>(1) << 100;
+  __int128 top = l.offset;
+  for (__int128 t : terms) {
+    top += t;
+    if (top > kFar || top < -kFar) break;
+  }
+  return top > kInt64Max || top < 0 ? kInt64Max : static_cast<std::int64_t>(top);
+}
+
+// A buffer for `needed` elements of `bits` bits: usually exactly that, sometimes fewer (the checks must refuse
+// it), sometimes null, and sometimes a stated size beyond an address space (refused before any access: only
+// then may the allocation be smaller than the statement).
+struct Arg {
+  Buffer buffer;
+  std::int64_t elements = 0;
+  bool null = false;
+};
+inline Arg draw_arg(FuzzedDataProvider& in, std::int64_t needed, std::int64_t bits) {
+  Arg a;
+  needed = std::max<std::int64_t>(needed, 0);
+  const int mode = in.ConsumeIntegralInRange<int>(0, 15);
+  if (mode == 0) {
+    a.null = true;
+    a.elements = in.ConsumeBool() ? needed : 0;
+    return a;
+  }
+  std::int64_t stated = std::min(needed, kMaxElements);
+  if (mode == 1) stated = in.ConsumeIntegralInRange<std::int64_t>(0, stated);
+  const std::int64_t address_space = std::numeric_limits<std::ptrdiff_t>::max() / std::max<std::int64_t>(bits / 8, 1);
+  if (mode == 2 && bits >= 16) {  // 1-byte elements: no int64 count is beyond an address space
+    a.elements = address_space + in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 20);
+    a.buffer = Buffer(in, 64);
+    return a;
+  }
+  a.elements = stated;
+  a.buffer = Buffer(in, static_cast<std::size_t>((stated * bits + 7) / 8));
+  return a;
+}
+
+inline const void* ptr(const Arg& a) { return a.null ? nullptr : a.buffer.data(); }
+
+// An int32 array of `count` values: usually cumulative steps of at most `step` (cu_seqlens), or values below
+// `below` (block tables); sometimes whatever draw_arg gives.
+inline Arg draw_sequence_array(FuzzedDataProvider& in, std::int64_t count, std::int64_t step, std::int64_t below, bool cumulative) {
+  Arg a = draw_arg(in, count, 32);
+  if (a.null || a.elements > count || !in.ConsumeBool()) return a;  // (past count: a stated size beyond memory)
+  auto* v = reinterpret_cast<std::int32_t*>(a.buffer.data());
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < a.elements; ++i) {
+    constexpr std::int64_t kTop = std::numeric_limits<std::int32_t>::max();
+    // (below may be any drawn int64: below - 1 only where it cannot overflow)
+    const std::int64_t most = std::clamp<std::int64_t>(cumulative ? step : below > 0 ? below - 1 : 0, 0, kTop);
+    const std::int64_t x = in.ConsumeIntegralInRange<std::int64_t>(0, most);
+    at = std::min(cumulative ? (i == 0 ? 0 : at + x) : x, kTop);  // (both terms at most 2^31: no overflow)
+    v[i] = static_cast<std::int32_t>(at);
+  }
+  return a;
 }
 
 }  // namespace attnkit::fuzz

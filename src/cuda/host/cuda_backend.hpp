@@ -2,6 +2,7 @@
 // dispatcher in attention.cpp can call it; without CUDA in the build, available() is false.
 #pragma once
 
+#include <attnkit/kv_append.hpp>
 #include <attnkit/attention.hpp>
 
 #include "cuda/common/query_rotary.hpp"
@@ -85,6 +86,9 @@ void write_output_qk(const AttentionProblem& problem, const AttentionArgs& args,
                      const std::int32_t* first_column, std::int64_t columns, void* out);
 
 // Device memory helpers for the op's own scratch (kept by Attention when the caller gives none).
+// append_kv's copy (kernels/kv_append.cu): the problem normalised and checked, the values read on the device.
+void append_kv(const KvAppendProblem& problem, const KvAppendArgs& args);
+
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);
 // For tools (the CLI): a blocking host -> device copy, and waiting for the device.

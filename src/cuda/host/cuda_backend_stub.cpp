@@ -19,6 +19,9 @@ void* device_alloc(std::size_t) { return nullptr; }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
 void synchronize() {}
+void append_kv(const KvAppendProblem&, const KvAppendArgs&) {
+  throw Error("backend", "the CUDA backend is not part of this build");
+}
 
 // The GQA op's device side (gqa_device.hpp): unreachable without a device (the op checks available() first).
 void launch_cache_move(const CacheMove&, void*) { throw Error("config.backend", "the CUDA backend is not part of this build"); }
