@@ -60,12 +60,16 @@ struct DeviceCase {
 TEST(CudaKvAppend, EveryCaseWritesExactlyTheAppendedRows) {
   SKIP_WITHOUT_GPU();
   for (const AppendCase& c : testing::append_cases()) {
-    for (const bool aligned : {true, false}) {  // (false: an offset of one element, the element copies)
+    // aligned: dense new rows, every row on 16 bytes where the dims are whole chunks (the 16-byte copies);
+    // otherwise the case's padded rows (an offset of 1, rows 3 elements apart: the element copies) and a cache
+    // one element off.
+    for (const bool aligned : {true, false}) {
       AppendCase run = c;
-      if (!aligned) {
-        run.p.k_new.offset += 1;
+      if (aligned) {
+        run.p.k_new = Layout::positions_first(c.p.kv_heads, c.p.new_len, c.p.head_dim);
+        run.p.v_new = Layout::positions_first(c.p.kv_heads, c.p.new_len, c.p.v_head_dim);
+      } else {
         run.p.v_cache.offset += 1;
-        run.k_new.resize(run.k_new.size() + dtype_size(c.p.dtype));
         run.v_cache.resize(run.v_cache.size() + dtype_size(c.p.dtype), std::byte{0x5A});
       }
       std::vector<std::byte> k, v;
