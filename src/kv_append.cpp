@@ -100,8 +100,14 @@ void check_buffers(const KvAppendProblem& p, const KvAppendArgs& a) {
   check_int32_buffer("positions", a.positions, p.batch, true, "");
   check_int32_buffer("new_lengths", a.new_lengths, p.batch, p.has_new_lengths, "problem.has_new_lengths is false");
   if (a.status.data != nullptr) core::check_buffer("status", a.status.data, a.status.elements, 32, core::IndexSpan{0, 0});
-  // The new rows are read while the caches are written: they must not share a byte (the caches may share one
-  // buffer with each other: interleaved K and V pages).
+  // The caches may share one buffer (interleaved K and V pages), but not the same elements: V would overwrite K.
+  const auto same = [](const Layout& x, const Layout& y) {
+    return x.offset == y.offset && x.batch_stride == y.batch_stride && x.head_stride == y.head_stride &&
+           x.row_stride == y.row_stride;
+  };
+  ATTNKIT_REQUIRE(!rows || a.k_cache.data != a.v_cache.data || !same(p.k_cache, p.v_cache), "v_cache",
+                  "is the same memory as k_cache (same buffer and layout): its rows would overwrite K's");
+  // The new rows are read while the caches are written: they must not share a byte.
   const std::pair<const char*, core::IndexSpan> inputs[] = {{"k_new", s.k_new}, {"v_new", s.v_new}};
   for (const auto& [in_name, in_span] : inputs) {
     const void* in = in_name[0] == 'k' ? a.k_new.data : a.v_new.data;

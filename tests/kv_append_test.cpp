@@ -36,6 +36,30 @@ TEST(KvAppend, EveryCaseWritesExactlyTheAppendedRows) {
   }
 }
 
+// K and V pages interleaved in one buffer ([num_pages, 2, page_size, kv_heads, dim]: vLLM's layout): the same rows
+// as separate caches, and each page's K half and V half hold their own rows.
+TEST(KvAppend, InterleavedKAndVPagesInOneBuffer) {
+  AppendCase c(CacheKind::PagedNhd, DType::bf16, 3, 2, 6, 32, 32, 4, 3, true, 77);
+  std::vector<std::byte> want_k, want_v;
+  c.expected(want_k, want_v);
+  const std::int64_t page = c.p.k_cache.batch_stride;  // elements of one K (or V) page
+  std::vector<std::byte> both(static_cast<std::size_t>(2 * page * c.p.num_pages) * 2);
+  for (std::int64_t g = 0; g < c.p.num_pages; ++g) {  // the poisoned pages, interleaved
+    std::copy_n(c.k_cache.begin() + g * page * 2, page * 2, both.begin() + 2 * g * page * 2);
+    std::copy_n(c.v_cache.begin() + g * page * 2, page * 2, both.begin() + (2 * g + 1) * page * 2);
+  }
+  KvAppendProblem p = c.p;
+  p.k_cache.batch_stride = p.v_cache.batch_stride = 2 * page;
+  p.v_cache.offset = page;
+  KvAppendArgs a = c.args();
+  a.k_cache = a.v_cache = {both.data(), static_cast<std::int64_t>(both.size() / 2)};
+  append_kv(p, a, Backend::Cpu);
+  for (std::int64_t g = 0; g < c.p.num_pages; ++g) {
+    EXPECT_TRUE(std::equal(want_k.begin() + g * page * 2, want_k.begin() + (g + 1) * page * 2, both.begin() + 2 * g * page * 2)) << "K page " << g;
+    EXPECT_TRUE(std::equal(want_v.begin() + g * page * 2, want_v.begin() + (g + 1) * page * 2, both.begin() + (2 * g + 1) * page * 2)) << "V page " << g;
+  }
+}
+
 // A prompt appended page by page (two chunks), then attention over the pages: the same bits as the dense call on
 // the prompt's rows (the CPU kernel reads a paged cache through the same steps).
 TEST(KvAppend, AppendedPagesAttendLikeTheDenseCache) {
@@ -133,6 +157,10 @@ TEST(KvAppend, BadInputIsRejectedByNameAndWritesNothing) {
     a.k_new = {a.k_cache.data, a.k_cache.elements};
     c.p.k_new = Layout{0, 0, 0, 0};
   }, "k_new", "overlaps k_cache");
+  expect_rejected("one cache for K and V", [](AppendCase& c, KvAppendArgs& a) {
+    a.v_cache = a.k_cache;
+    c.p.v_cache = c.p.k_cache;
+  }, "v_cache", "is the same memory as k_cache");
   expect_rejected("cache rows sharing addresses", [](AppendCase& c, KvAppendArgs&) { c.p.v_cache.row_stride = 8; },
                   "v_cache.row_stride", "must not share addresses");
   expect_rejected("negative stride", [](AppendCase& c, KvAppendArgs&) { c.p.k_new.head_stride = -1; },
