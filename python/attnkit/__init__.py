@@ -363,6 +363,19 @@ def _index_array(x: Any) -> Any:
 
 def _run_sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, max_q, max_k, causal, window, softcap, scale,
                    masked_rows, return_lse, out, head_sink, threads, backend, kv_layout, plan=""):
+    # (The binding takes these two as flags: a misspelt value must not pass for the default.)
+    if _choice("kv_layout", kv_layout, ("nhd", "hnd")) not in ("nhd", "hnd"):
+        raise ValueError(f"kv_layout: must be 'nhd' or 'hnd', got {kv_layout!r}")
+    if _choice("masked_rows", masked_rows, ("nan", "zero")) not in ("nan", "zero"):
+        raise ValueError(f"masked_rows: must be 'nan' or 'zero', got {masked_rows!r}")
+    if _is_torch_tensor(q) and not plan:  # the custom ops (torch.compile); plan overrides: the binding itself
+        ops = _TORCH_OPS or _load_torch_ops()
+        return ops.sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, operator.index(max_q),
+                             operator.index(max_k), bool(causal), _optional_int("window", window),
+                             _optional_float("softcap", softcap), _optional_float("scale", scale),
+                             masked_rows == "zero", bool(return_lse), out, kv_layout == "hnd",
+                             _optional_int("threads", threads, _INT32),
+                             _choice("backend", backend, ("auto", "cpu", "reference", "cuda")))
     return _attnkit.attention_sequences(
         q, k, v, _index_array(cu_q), _index_array(cu_k), _index_array(block_table), _index_array(key_lengths), head_sink,
         operator.index(max_q), operator.index(max_k), bool(causal), _optional_int("window", window),

@@ -376,3 +376,78 @@ def append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_length
         _append_kv_impl(*args)
     else:
         append_kv_op(*args)
+
+
+# ---- ragged batches and paged K/V (attnkit.attention_varlen, attention(..., block_table=)) ----
+
+def _sequences_impl(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window, softcap,
+                    scale, masked_zero, return_lse, out, hnd, threads, backend):
+    o, lse = _attnkit.attention_sequences(
+        q, k, v, _int32(cu_q), _int32(cu_k), _int32(block_table), _int32(key_lengths), head_sink, max_q, max_k,
+        causal, window, softcap, scale, masked_zero, return_lse, out, hnd, threads, backend, _stream(q),
+        _allocator(q), "")
+    return (out if out is not None else o), lse
+
+
+def _sequences_lse_fake(q, cu_q, return_lse):
+    if not return_lse:
+        return q.new_empty((0,), dtype=torch.float32)
+    if cu_q is not None:  # packed queries [total_q, H, D]: lse [H, total_q]
+        return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)  # [B, Sq, H, D]: [B, H, Sq]
+
+
+@torch.library.custom_op("attnkit::attention_sequences", mutates_args=())
+def sequences_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
+                 cu_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                 key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], max_q: int, max_k: int,
+                 causal: bool, window: Optional[int], softcap: Optional[float], scale: Optional[float],
+                 masked_zero: bool, return_lse: bool, hnd: bool, threads: Optional[int],
+                 backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Ragged / paged attention on torch tensors; returns (out, lse), lse of shape (0,) unless return_lse."""
+    o, lse = _sequences_impl(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window,
+                             softcap, scale, masked_zero, return_lse, None, hnd, threads, backend)
+    return o, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
+
+
+@sequences_op.register_fake
+def _sequences_fake(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window, softcap,
+                    scale, masked_zero, return_lse, hnd, threads, backend):
+    shape = list(q.shape)
+    shape[-1] = v.shape[-1]
+    return q.new_empty(shape), _sequences_lse_fake(q, cu_q, return_lse)
+
+
+@torch.library.custom_op("attnkit::attention_sequences_out", mutates_args=("out",))
+def sequences_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
+                     cu_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                     key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], max_q: int, max_k: int,
+                     causal: bool, window: Optional[int], softcap: Optional[float], scale: Optional[float],
+                     masked_zero: bool, return_lse: bool, hnd: bool, threads: Optional[int], backend: str,
+                     out: torch.Tensor) -> torch.Tensor:
+    """Ragged / paged attention into ``out`` (in place); returns lse, of shape (0,) unless return_lse."""
+    lse = _sequences_impl(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window,
+                          softcap, scale, masked_zero, return_lse, out, hnd, threads, backend)[1]
+    return lse if lse is not None else q.new_empty((0,), dtype=torch.float32)
+
+
+@sequences_out_op.register_fake
+def _sequences_out_fake(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window,
+                        softcap, scale, masked_zero, return_lse, hnd, threads, backend, out):
+    return _sequences_lse_fake(q, cu_q, return_lse)
+
+
+def sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window, softcap, scale,
+              masked_zero, return_lse, out, hnd, threads, backend):
+    """The ragged / paged path for a torch query: the binding in plain eager calls, else the custom ops (so that
+    torch.compile, export and dispatch modes see them). Returns (out, lse or None)."""
+    refuse_grad(q=q, k=k, v=v, head_sink=head_sink)
+    args = (q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window, softcap, scale,
+            masked_zero, return_lse)
+    if _plain_eager((q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, out)):
+        return _sequences_impl(*args, out, hnd, threads, backend)
+    if out is None:
+        o, lse = sequences_op(*args, hnd, threads, backend)
+    else:
+        o, lse = out, sequences_out_op(*args, hnd, threads, backend, out)
+    return o, (lse if return_lse else None)

@@ -108,3 +108,39 @@ def test_bad_sequences_are_rejected_by_name(randn):
     with pytest.raises(ValueError, match=r"^backend: "):
         attnkit.attention_varlen(q, k, v, good_q, good_k, 4, 5, backend="cuda")
     assert (out == 3.0).all(), "an output was written before the error"
+
+
+def test_misspelt_flags_are_refused(rng, randn):
+    cu = np.array([0, 3], np.int32)
+    q = k = v = randn((3, 2, 16), "float32")
+    with pytest.raises(ValueError, match="^kv_layout: must be 'nhd' or 'hnd'"):
+        attnkit.attention_varlen(q, k, v, cu, cu, 3, 3, kv_layout="bshd")
+    with pytest.raises(ValueError, match="^masked_rows: must be 'nan' or 'zero'"):
+        attnkit.attention_varlen(q, k, v, cu, cu, 3, 3, masked_rows="zeros")
+
+
+def test_torch_compile_of_ragged_and_paged_calls(rng, randn):
+    torch = pytest.importorskip("torch")
+    H, Hkv, D, page = 4, 2, 32, 8
+    lens = np.array([5, 0, 19], np.int32)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))  # (int64: converted)
+    q = torch.from_numpy(randn((int(lens.sum()), H, D), "float32"))
+    k = torch.from_numpy(randn((int(lens.sum()), Hkv, D), "float32"))
+    v = torch.from_numpy(randn((int(lens.sum()), Hkv, D), "float32"))
+    pages = torch.from_numpy(randn((6, page, Hkv, D), "float32"))
+    table = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    qd = torch.from_numpy(randn((2, 1, H, D), "float32"))
+    key_lengths = torch.tensor([20, 7], dtype=torch.int32)
+
+    def step(q, k, v, cu, qd, pages, table, key_lengths, out):
+        o, lse = attnkit.attention_varlen(q, k, v, cu, cu, 19, 19, causal=True, return_lse=True)
+        paged = attnkit.attention(qd, pages, pages, block_table=table, key_lengths=key_lengths, layout="bshd")
+        attnkit.attention_varlen(q, k, v, cu, cu, 19, 19, out=out)
+        return o, lse, paged
+
+    out_eager, out_compiled = torch.zeros_like(q), torch.zeros_like(q)
+    want = step(q, k, v, cu, qd, pages, table, key_lengths, out_eager)
+    got = torch.compile(step, fullgraph=True)(q, k, v, cu, qd, pages, table, key_lengths, out_compiled)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    assert torch.equal(out_eager, out_compiled)
