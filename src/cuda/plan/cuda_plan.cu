@@ -92,14 +92,12 @@ bool rule_hides_no_key(const AttentionProblem& p) {
 }
 
 // Whether the wgmma kernel takes K and V by its producer warpgroup's 16-byte copies (KernelParams::kv_copies)
-// rather than TMA. TMA streams rows that are not whole 32-byte sectors (a row whose bytes, or whose start, is an
-// odd multiple of 16) slowly, 80-byte rows most: on the H200 (bench/results/2026-12-02-h200-wgmma-kv-copies.md,
-// batch 4 x 16 heads x 2048, bfloat16) head dim 40 ran 268 us by TMA and 220 by copies, where 48 and 64 run
-// 165-170 by TMA. The copies are no cure elsewhere: 56 (112-byte rows) 215 / 221 us, K 40 with V 64 188 / 220,
-// whole sectors 25-45% slower, and in the 128 bucket (one 128-row block per SM) 72-120 ran 275-296 us by TMA
-// and 384 by copies. So: the 64 bucket, K and V rows both off whole sectors and of at most 80 bytes. Ragged and
-// paged K/V keep TMA (their tiles are boxes of the entry's rows or pages), and so does a quantized cache (its
-// raw ring); `off=kv-tma` / `off=kv-copies` force either way (tests, benchmarks).
+// rather than TMA. TMA streams rows that are not whole 32-byte sectors slowly, 80-byte rows (head dim 40) most;
+// the copies are slower wherever TMA is not (whole sectors, wider rows, the 128 bucket's one block per SM), so
+// they are for the 64 bucket with K and V rows both off whole sectors and at most 80 bytes
+// (bench/results/2026-12-02-h200-wgmma-kv-copies.md). Ragged and paged K/V keep TMA (their tiles are boxes of the
+// entry's rows or pages), and so does a quantized cache (its raw ring); `off=kv-tma` / `off=kv-copies` force
+// either way (tests, benchmarks).
 bool kv_rows_want_copies(const AttentionProblem& p, const PlanOverrides& o) {
   if (p.sequences.any() || p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) return false;
   if (o.is_off("kv-tma")) return true;
