@@ -150,7 +150,7 @@ def scaled_error(out_bshd, ref):
 # Each returns (run, output_as_numpy_bshd) or raises; run() computes one call into preallocated memory where the
 # API allows it.
 
-def attnkit_runner(case, threads):
+def attnkit_runner(case, threads, plan=""):
     import attnkit
 
     out = np.empty((case.B, case.Sq, case.H, case.D), case.q.dtype)
@@ -158,7 +158,7 @@ def attnkit_runner(case, threads):
     q, k, v = case.q_bhsd, case.k_bhsd, case.v_bhsd
 
     def run():
-        attnkit.attention(q, k, v, causal=case.causal, out=out_bhsd, threads=threads)
+        attnkit.attention(q, k, v, causal=case.causal, out=out_bhsd, threads=threads, plan=plan)
 
     return run, lambda: out
 
@@ -299,7 +299,9 @@ def run_case(spec, dtype, args, impls):
     for name in impls:
         if name == "attnkit_gqa" and not case.grouped:
             continue
-        factory = attnkit_gqa_runner if name == "attnkit_gqa" else RUNNERS[name]
+        factory = attnkit_gqa_runner if name == "attnkit_gqa" else RUNNERS.get(name)
+        if name == "attnkit_ab":
+            factory = lambda c, t: attnkit_runner(c, t, args.ab)  # noqa: E731
         try:
             run, output = factory(case, args.threads)
             run()
@@ -368,13 +370,25 @@ def markdown(runs, args, meta):
             o = [x for x in o if x is not None]
             lines.append(f"| {name} | {dtype} | {a:.1f} | {g:.1f} | {g / a:.2f} | "
                          f"{fmt(statistics.median(o) if o else None, '.2f')} |")
+    if any("attnkit_ab_us" in r for r in runs[0]):
+        lines += ["", f"## attnkit with the plan overrides `{args.ab}` beside its own plan (same process, in turns)", "",
+                  "| case | dtype | attnkit µs | with overrides µs | overrides / plan (median; each run) |",
+                  "|---|---|---|---|---|"]
+        for i, (name, dtype) in enumerate(keys):
+            rows = [run[i] for run in runs if "attnkit_ab_us" in run[i]]
+            if not rows:
+                continue
+            a = statistics.median(r["attnkit_us"] for r in rows)
+            b = statistics.median(r["attnkit_ab_us"] for r in rows)
+            each = ", ".join(f"{r['attnkit_ab_us'] / r['attnkit_us']:.2f}" for r in rows)
+            lines.append(f"| {name} | {dtype} | {a:.1f} | {b:.1f} | {b / a:.2f} ({each}) |")
     for k, run in enumerate(runs):
         lines += ["", f"## Run {k + 1}", "",
                   "| case | dtype | GFLOP | attnkit µs | torch µs | ORT µs | attnkit GFLOP/s | torch / attnkit | "
                   "ORT / attnkit | errors (attnkit, torch, ORT) | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in run:
             errs = ", ".join(fmt(r.get(n + "_err"), ".1e") for n in ("attnkit", "torch", "ort"))
-            notes = "; ".join(f"{n}: {r[n + '_note']}" for n in ("attnkit", "torch", "ort", "attnkit_gqa")
+            notes = "; ".join(f"{n}: {r[n + '_note']}" for n in ("attnkit", "torch", "ort", "attnkit_gqa", "attnkit_ab")
                               if n + "_note" in r)
             gflops = r["gflop"] / (r["attnkit_us"] * 1e-6) if "attnkit_us" in r else None
             lines.append(f"| {r['case']} | {r['dtype']} | {r['gflop']:.3f} | {fmt(r.get('attnkit_us'), '.1f')} | "
@@ -397,6 +411,7 @@ def main():
     parser.add_argument("--case", action="append", help="only cases whose name contains this (repeatable)")
     parser.add_argument("--dtype", action="append", choices=DTYPES)
     parser.add_argument("--gqa", action="store_true", help="also time attnkit.group_query_attention on the Llama rows")
+    parser.add_argument("--ab", help="also time attnkit with these plan overrides (e.g. off=bf16-dot), in turns")
     parser.add_argument("--out", help="Markdown file (default bench/results/cpu-peers-<UTC stamp>.md; '-': stdout)")
     args = parser.parse_args()
 
@@ -420,6 +435,8 @@ def main():
         versions["ONNX Runtime"] = "not installed"
     if args.gqa:
         impls.append("attnkit_gqa")
+    if args.ab:
+        impls.append("attnkit_ab")
 
     now = datetime.datetime.now(datetime.timezone.utc)
     out_path = args.out or os.path.join(HERE, "results", f"cpu-peers-{now:%Y-%m-%dT%H%MZ}.md")
@@ -436,7 +453,8 @@ def main():
                 print(f"run {k + 1} {row['case']:24s} {dtype:9s} attnkit {fmt(row.get('attnkit_us'), '9.1f')} µs  "
                       f"torch {fmt(row.get('torch_us'), '9.1f')}  ORT {fmt(row.get('ort_us'), '9.1f')}  "
                       f"torch/ak {fmt(ratio(row, 'torch'), '5.2f')}  ORT/ak {fmt(ratio(row, 'ort'), '5.2f')}"
-                      + (f"  gqa {row['attnkit_gqa_us']:.1f}" if "attnkit_gqa_us" in row else ""), flush=True)
+                      + (f"  gqa {row['attnkit_gqa_us']:.1f}" if "attnkit_gqa_us" in row else "")
+                      + (f"  ab {row['attnkit_ab_us']:.1f}" if "attnkit_ab_us" in row else ""), flush=True)
         runs.append(run)
     command = " ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else sys.executable,
                         os.path.relpath(os.path.abspath(__file__), ROOT)] + sys.argv[1:])

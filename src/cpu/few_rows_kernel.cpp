@@ -21,6 +21,7 @@
 #include "../core/visibility.hpp"
 #include "few_rows_bf16.hpp"
 #include "tiled_kernel.hpp"
+#include "softmax_exp-inl.h"
 #include "tiled_workspace.hpp"
 #include "widen-inl.h"
 
@@ -34,7 +35,6 @@ HWY_BEFORE_NAMESPACE();
 namespace attnkit::cpu::HWY_NAMESPACE {
 namespace {
 
-constexpr float kExpFloor = -87.3f;  // as in tiled_kernel.cpp: exp below this is subnormal, taken as 0
 constexpr int kKeysPerGroup = 4;     // keys whose dot products are reduced together
 // Vectors of output dims per pass over a tile's V rows: rows x kChunk accumulators and kChunk V vectors stay in
 // registers (32 of them with AVX-512, 16 with AVX2 / SSE4).
@@ -274,11 +274,10 @@ void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0
   const float use_max = core::usable_max(new_max);
   const float alpha = core::rescale_factor(old_max, new_max);
   const VF m = hn::Set(df, use_max);
-  const VF floor = hn::Set(df, kExpFloor);
   VF vsum = hn::Zero(df);
   for (std::int64_t j = 0; j < n; j += L) {
     const VF x = hn::Sub(hn::LoadU(df, s + j), m);
-    const VF e = hn::IfThenElseZero(hn::Ge(x, floor), hn::Exp(df, x));
+    const VF e = exp_of_nonpositive(df, x);
     vsum = hn::Add(vsum, e);
     hn::StoreU(e, df, s + j);
   }

@@ -4,6 +4,7 @@
 #include "../core/online_softmax.hpp"
 #include "../core/visibility.hpp"
 #include "amx_tiles.hpp"
+#include "bf16_dot.hpp"
 #include "tiled_workspace.hpp"
 
 #include <omp.h>
@@ -67,6 +68,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.key_begin = ix.split * plan.split_keys;
   job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
   job.amx = plan.amx;
+  job.bf16_dot = plan.bf16_dot;
   return job;
 }
 
@@ -120,6 +122,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.mrow = take<float>(base, off, kKeyTile);
   w.krow = take<const float*>(base, off, kKeyTile);
   w.vrow = take<const float*>(base, off, kKeyTile);
+  w.kbits = take<const std::uint16_t*>(base, off, kKeyTile);
   const std::int64_t dim32 = (head_dim + 31) / 32 * 32, dv16 = (v_head_dim + 15) / 16 * 16;
   w.k_bf16 = take<std::uint16_t>(base, off, kKeyTile * dim32);
   w.q_pairs = take<std::uint16_t>(base, off, dim32 * kRowBlock);
@@ -177,6 +180,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.group_rows = plan.group * p.q_len;
   plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
+  plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
+                  !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
   const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
@@ -201,6 +206,7 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
+  if (plan.bf16_dot) s += ", vdpbf16ps scores";
   if (plan.kv_heads_per_item > 1) {
     s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
   }

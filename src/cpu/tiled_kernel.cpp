@@ -13,8 +13,10 @@
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
 #include "amx_tiles.hpp"
+#include "bf16_dot.hpp"
 #include "tiled_kernel.hpp"
 #include "tiled_workspace.hpp"
+#include "softmax_exp-inl.h"
 #include "widen-inl.h"
 
 #include <algorithm>
@@ -38,9 +40,6 @@ constexpr int kVecsPerStep = 4;
 constexpr int kVecsPerStep = 2;
 #endif
 constexpr int kKeysPerStep = 6;
-// exp(x) below this is a float32 subnormal: treat it as 0 (the max element of a row has weight 1, so this is
-// far below the float32 rounding of the sum, and it keeps subnormal arithmetic off the hot loop).
-constexpr float kExpFloor = -87.3f;
 
 // St[key][lane] = Σ_d K[key][d] · Qᵀ[d][lane] for MK keys and NV query vectors starting at vector v0.
 template <int MK, int NV>
@@ -168,8 +167,8 @@ struct ValueStep {
 
 std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
 
-// The item's query row r (bfloat16 bits at `row`) into the pairs operand.
-void amx_stage_query(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
+// The item's query row r (bfloat16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot scores).
+void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
   for (std::int64_t d = 0; d < dim; ++d) w.q_pairs[(d / 2) * kRowBlock * 2 + r * 2 + d % 2] = row[d];
 }
 
@@ -324,11 +323,11 @@ void run_item(const ItemJob& job) {
   const std::int64_t key_length = job.seq.key_length;
 
   const bool amx = job.amx;
-  if (amx) {  // zeros past the dims and rows of the item
+  const bool bf16_dot = job.bf16_dot;
+  if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + round_up(dim, 32) * kRowBlock, 0);  // zeros past dims, rows
+  if (amx) {
     amx::begin();
-    const std::int64_t dim32 = round_up(dim, 32);
-    std::fill(w.q_pairs, w.q_pairs + dim32 * kRowBlock, 0);
-    std::fill(w.k_bf16, w.k_bf16 + kKeyTile * dim32, 0);
+    std::fill(w.k_bf16, w.k_bf16 + kKeyTile * round_up(dim, 32), 0);
   }
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
   std::int64_t union_begin = job.key_end;
@@ -356,7 +355,7 @@ void run_item(const ItemJob& job) {
       union_end = std::max(union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
-    if (amx) amx_stage_query(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
+    if (amx || bf16_dot) stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
@@ -377,7 +376,6 @@ void run_item(const ItemJob& job) {
   const VF scale = hn::Set(df, *p.scale);
   const float softcap = p.softcap.value_or(0.0f);
   const VF cap = hn::Set(df, softcap);
-  const VF exp_floor = hn::Set(df, kExpFloor);
   const VF one = hn::Set(df, 1.0f);
   // A mask that is the same for every row of this item (a key-padding mask) is added as a broadcast.
   const bool mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
@@ -400,7 +398,11 @@ void run_item(const ItemJob& job) {
     for (std::int64_t j = 0; j < n && !amx; ++j) {
       const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
       const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
-      if (k_in_place && v_in_place) {
+      if (bf16_dot) {  // K read in place by the scores; V widened for the float32 P V
+        w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + krow;
+        widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
+        w.vrow[j] = w.vbuf + j * dv;
+      } else if (k_in_place && v_in_place) {
         w.krow[j] = static_cast<const float*>(a.k.data) + krow;
         w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
       } else if (both_float) {  // float16 / bfloat16: the path as it was before quantized caches (inlined widening)
@@ -419,6 +421,8 @@ void run_item(const ItemJob& job) {
 
     if (amx) {
       amx::scores(w.k_bf16, w.q_pairs, round_up(dim, 32), w.st);
+    } else if (bf16_dot) {
+      bf16_dot::scores(w.q_pairs, dim, w.kbits, n, lanes_used, w.st);
     } else {
       ScoreStep score{w.qt, dim, w.krow, w.st};
       tile_loop(score, n, nvec);
@@ -446,7 +450,7 @@ void run_item(const ItemJob& job) {
       const auto lane_begin = hn::Load(di, w.begin + v * L);
       const auto lane_end = hn::Load(di, w.end + v * L);
       VF tile_max = neg_inf;
-      VF poison = hn::Load(df, w.poison + v * L);
+      auto all_below_inf = hn::Lt(neg_inf, pos_inf);  // (all true)
       for (std::int64_t j = 0; j < n; ++j) {
         float* s = w.st + j * kRowBlock + v * L;
         VF x = hn::Load(df, s);
@@ -461,20 +465,20 @@ void run_item(const ItemJob& job) {
           x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
         }
         // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
-        poison = hn::Or(poison, hn::IfThenZeroElse(hn::Lt(x, pos_inf), one));
+        all_below_inf = hn::And(all_below_inf, hn::Lt(x, pos_inf));
         tile_max = hn::Max(tile_max, x);
         hn::Store(x, df, s);
       }
-      hn::Store(poison, df, w.poison + v * L);
+      hn::Store(hn::IfThenElse(all_below_inf, hn::Load(df, w.poison + v * L), one), df, w.poison + v * L);
       const VF old_max = hn::Load(df, w.max + v * L);
       const VF new_max = hn::Max(old_max, tile_max);
       const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
-      const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), hn::Exp(df, hn::Sub(old_max, use_max)));
+      const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
       VF tile_sum = hn::Zero(df);
       for (std::int64_t j = 0; j < n; ++j) {
         float* s = w.st + j * kRowBlock + v * L;
         const VF x = hn::Sub(hn::Load(df, s), use_max);
-        const VF e = hn::IfThenElseZero(hn::Ge(x, exp_floor), hn::Exp(df, x));
+        const VF e = exp_of_nonpositive(df, x);
         tile_sum = hn::Add(tile_sum, e);
         hn::Store(e, df, s);
       }

@@ -41,13 +41,16 @@ struct TiledPlan {
   // bfloat16 with bfloat16 K/V on a CPU with AMX-BF16: the items of more than kFewRows rows take their two
   // products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms).
   bool amx = false;
+  // bfloat16 with bfloat16 K on a CPU with AVX-512 BF16 and no AMX: the items of more than kFewRows rows take
+  // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
+  bool bf16_dot = false;
   std::size_t workspace_bytes = 0;  // per thread
   std::size_t partial_bytes = 0;    // per item, when split
   std::size_t scratch_bytes = 0;    // all of it: threads * workspace + items * partial
 };
 
 // Plans a normalised problem for `threads` worker threads (the split depends on the shape only); `overrides`
-// may leave the AMX products out ("off=amx").
+// may leave the AMX products out ("off=amx") or the vdpbf16ps scores ("off=bf16-dot").
 TiledPlan plan_tiled(const AttentionProblem& problem, int threads, const PlanOverrides& overrides = {});
 std::string describe(const TiledPlan& plan);
 

@@ -31,6 +31,7 @@ struct Workspace {
   float* mrow;          // [kKeyTile]: one tile of a mask row widened from float16 / bfloat16
   const float** krow;   // [kKeyTile] where each key's float32 row is
   const float** vrow;   // [kKeyTile]
+  const std::uint16_t** kbits;  // [kKeyTile] where each key's bfloat16 row is (the bf16-dot scores read it in place)
   // The AMX products' operands (amx_tiles.hpp; bfloat16 as bits; dim32, dv16: the dims rounded up to 32, 16).
   std::uint16_t* k_bf16;   // [kKeyTile][dim32]
   std::uint16_t* q_pairs;  // [dim32 / 2][kRowBlock][2]
@@ -62,6 +63,7 @@ struct ItemJob {
   std::int64_t key_end;
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
+  bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most

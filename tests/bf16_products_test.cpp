@@ -1,10 +1,12 @@
-// The tiled CPU kernel's AMX products (bfloat16 problems with bfloat16 K/V on CPUs with AMX-BF16): every case on
-// the plan's path and with the AMX products left out ("off=amx", the SIMD float32 products), each against the
-// float64 reference at the CPU's bounds; bit-identical bytes over thread counts and cut calls; the tile products
-// themselves against float64 sums. Where the CPU has no AMX, the plan never takes it and the AMX checks skip.
+// The tiled CPU kernel's bfloat16 products: the AMX tiles (bfloat16 K/V on CPUs with AMX-BF16) and the
+// vdpbf16ps scores (bfloat16 K on CPUs with AVX-512 BF16 and no AMX, or with "off=amx"). Every case on each path
+// the CPU has and with it left out ("off=amx", "off=amx+bf16-dot": the SIMD float32 products), each against the
+// float64 reference at the CPU's bounds; bit-identical bytes over thread counts and cut calls; the products
+// themselves against float64 sums. A path this CPU lacks is never planned, and its own checks skip.
 #include "test_support.hpp"
 
 #include <cpu/amx_tiles.hpp>
+#include <cpu/bf16_dot.hpp>
 
 #include <gtest/gtest.h>
 
@@ -50,11 +52,12 @@ std::vector<CaseSpec> amx_cases() {
   return out;
 }
 
-AttentionConfig without_amx() {
+AttentionConfig with_overrides(const char* overrides) {
   AttentionConfig c;
-  c.plan = parse_plan_overrides("off=amx");
+  c.plan = parse_plan_overrides(overrides);
   return c;
 }
+AttentionConfig without_amx() { return with_overrides("off=amx"); }
 
 TEST(Amx, MatchesTheReferenceOnBothPaths) {
   int on_amx = 0;
@@ -149,6 +152,105 @@ TEST(Amx, TileProductsMatchFloat64) {
           }
         }
         ASSERT_NEAR(out[d * kL + q], ref, 1e-6 * mag + 1e-30) << "dv " << dv16 << " dim " << d << " query " << q;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::test
+
+namespace attnkit::test {
+namespace {
+
+bool took_bf16_dot(const std::string& describe) { return describe.find("vdpbf16ps") != std::string::npos; }
+
+// The vdpbf16ps scores: taken by the plan wherever the CPU has them and AMX is out of the way, never with
+// "off=bf16-dot"; every case within the bounds either way.
+TEST(Bf16Dot, MatchesTheReferenceOnBothPaths) {
+  int on_dot = 0;
+  for (const CaseSpec& spec : amx_cases()) {
+    SCOPED_TRACE(spec_string(spec));
+    CaseData data(spec, DType::bf16, 23);
+    const auto ref = data.reference();
+    for (bool dot : {true, false}) {
+      const Outcome o = run_and_measure(data, ref, with_overrides(dot ? "off=amx" : "off=amx+bf16-dot"));
+      EXPECT_EQ(took_bf16_dot(o.describe), dot && cpu::bf16_dot::available()) << o.describe;
+      on_dot += took_bf16_dot(o.describe);
+      EXPECT_LE(o.err, testing::tolerance(DType::bf16)) << o.describe;
+      EXPECT_LE(o.lse_err, kLseTolerance) << o.describe;
+      EXPECT_TRUE(o.gaps_untouched);
+      EXPECT_EQ(o.unwritten, 0);
+    }
+  }
+  if (cpu::bf16_dot::available()) EXPECT_EQ(on_dot, static_cast<int>(amx_cases().size()));
+}
+
+TEST(Bf16Dot, ThreadCountsAndCutCallsKeepTheBits) {
+  if (!cpu::bf16_dot::available()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  const auto cases = amx_cases();
+  for (std::size_t i = 0; i < cases.size(); i += 5) {
+    SCOPED_TRACE(spec_string(cases[i]));
+    CaseData data(cases[i], DType::bf16, 24);
+    std::vector<std::byte> base;
+    for (int threads : {1, 2, 3}) {
+      for (std::int64_t budget : {std::int64_t{0}, std::int64_t{1}}) {
+        data.poison_outputs();
+        AttentionProblem p = data.problem();
+        p.work_budget = budget;
+        AttentionConfig config = with_overrides("off=amx");
+        config.threads = threads;
+        Attention(p, config).run(data.args());
+        if (base.empty()) {
+          base = data.output_bytes();
+        } else {
+          EXPECT_TRUE(data.output_bytes() == base) << threads << " threads, budget " << budget;
+        }
+      }
+    }
+  }
+}
+
+// The score product alone, on every head dim from 1 to 67 (odd ones end on a single value: nothing past a K row
+// may be read, so each row is its own allocation) and every key count and lane count it is called with, against
+// float64 sums of the same bfloat16 values.
+TEST(Bf16Dot, ScoresMatchFloat64) {
+  if (!cpu::bf16_dot::available()) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  std::mt19937_64 rng(10);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr int kL = cpu::bf16_dot::kLanes, kK = static_cast<int>(cpu::kKeyTile);
+  for (std::int64_t dim = 1; dim <= 67; dim += (dim < 10 ? 1 : 7)) {
+    const std::int64_t pairs = (dim + 1) / 2;
+    std::vector<std::vector<std::uint16_t>> rows(kK, std::vector<std::uint16_t>(static_cast<std::size_t>(dim)));
+    std::vector<const std::uint16_t*> krow;
+    for (auto& r : rows) {
+      for (auto& x : r) x = float_to_bf16_bits(normal(rng));
+      krow.push_back(r.data());
+    }
+    std::vector<std::uint16_t> qp(static_cast<std::size_t>(pairs * kL * 2), 0);
+    for (std::int64_t d = 0; d < dim; ++d)
+      for (int q = 0; q < kL; ++q) qp[(d / 2) * kL * 2 + q * 2 + d % 2] = float_to_bf16_bits(normal(rng));
+    for (std::int64_t n : {1, 5, 6, 7, 64}) {
+      for (std::int64_t lanes : {1, 16, 17, 48, 64}) {
+        std::vector<float> st(kK * kL, -1.0f);
+        cpu::bf16_dot::scores(qp.data(), dim, krow.data(), n, lanes, st.data());
+        const std::int64_t computed = (lanes + 15) / 16 * 16;
+        for (int j = 0; j < kK; ++j) {
+          for (int q = 0; q < kL; ++q) {
+            const float got = st[j * kL + q];
+            if (j >= n || q >= computed) {  // nothing written outside the requested keys and vectors
+              ASSERT_EQ(got, -1.0f) << "dim " << dim << " n " << n << " lanes " << lanes << " key " << j << " query " << q;
+              continue;
+            }
+            double ref = 0.0, mag = 0.0;
+            for (std::int64_t d = 0; d < dim; ++d) {
+              const double x = double(bf16_bits_to_float(rows[j][d])) * bf16_bits_to_float(qp[(d / 2) * kL * 2 + q * 2 + d % 2]);
+              ref += x;
+              mag += std::abs(x);
+            }
+            ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-30) << "dim " << dim << " key " << j << " query " << q;
+          }
+        }
       }
     }
   }
