@@ -86,6 +86,31 @@ TEST(Sequences, QuantizedPages) {
   }
 }
 
+// The tiled kernel's per-thread widened copy of a K/V head ("K/V widened once" in the plan): it reads only each
+// entry's own keys (ragged keys end where the entry's do, pages past its length are not its own) and gives the
+// bits of items that widen their own tiles ("off=widened-kv"), in float16 and bfloat16, int8 and int4 pages.
+TEST(Sequences, WidenedHeadCopyKeepsTheBits) {
+  std::mt19937 rng(19);
+  for (int variant = 0; variant < 5; ++variant) {
+    BatchSpec s;
+    s.dtype = variant == 1 ? DType::bf16 : DType::f16;
+    s.q_lens = random_lengths(rng, 4, 200);
+    s.k_lens = random_lengths(rng, 4, 300);
+    s.causal = variant != 2;
+    if (variant >= 2) s.page_size = 16, s.ragged_k = false;  // paged: float, then int8 and int4 pages
+    if (variant == 3) s.kv_type = KvType::Int8, s.kv_quant = KvQuant::PerChannel;
+    if (variant == 4) s.kv_type = KvType::Int4, s.kv_quant = KvQuant::PerTensor;
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    const Batch b(s, 60 + variant);
+    AttentionConfig own, off;
+    off.plan = parse_plan_overrides("off=widened-kv");
+    EXPECT_NE(Attention(b.problem(), own).describe().find("widened once"), std::string::npos)
+        << Attention(b.problem(), own).describe();
+    EXPECT_EQ(Attention(b.problem(), off).describe().find("widened once"), std::string::npos);
+    EXPECT_EQ(check_batch(b, s, own), check_batch(b, s, off));
+  }
+}
+
 TEST(Sequences, CutCallsEqualTheWholeCall) {
   std::mt19937 rng(17);
   BatchSpec s;

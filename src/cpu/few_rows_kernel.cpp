@@ -14,6 +14,7 @@
 #define HWY_TARGET_INCLUDE "cpu/few_rows_kernel.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
@@ -302,6 +303,20 @@ struct TileRows {
   std::int64_t v_stride;
 };
 
+// Asks for a tile's V rows before its scores are computed: value_tile reads each row in chunks of a few vectors,
+// one pass over the tile per chunk, an access pattern the hardware prefetchers do not follow (the loads then wait
+// on memory); the scores take long enough that the rows are in cache by then.
+template <class T>
+HWY_INLINE void prefetch_rows(const T* rows, std::int64_t stride, std::int64_t n, std::int64_t width) {
+  constexpr std::uintptr_t kLine = 64;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const auto start = reinterpret_cast<std::uintptr_t>(rows + j * stride);
+    const std::uintptr_t end = start + static_cast<std::uintptr_t>(width) * sizeof(T);
+    for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
+      hwy::Prefetch(reinterpret_cast<const char*>(line));
+  }
+}
+
 // The tile steps of one item: its rows' online softmax over key tiles [t0, t0 + kKeyTile), one tile per step().
 template <int R, class T>
 class TileSteps {
@@ -346,6 +361,7 @@ class TileSteps {
       tile = {static_cast<const T*>(a_.k.data) + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0), p_.k.row_stride,
               static_cast<const T*>(a_.v.data) + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0), p_.v.row_stride};
     }
+    if (!gathered_ && job_.prefetch_v) prefetch_rows(tile.v, tile.v_stride, n, dv);
     if (bf16_dot_) {
       score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w_.st,
                              kKeyTile);

@@ -69,6 +69,8 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
   job.amx = plan.amx;
   job.bf16_dot = plan.bf16_dot;
+  job.widened = plan.widened_keys > 0;
+  job.prefetch_v = plan.prefetch_v;
   return job;
 }
 
@@ -101,7 +103,8 @@ void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, c
 
 }  // namespace
 
-std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim, Workspace* ws) {
+std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
+                            std::int64_t widened_keys, Workspace* ws) {
   std::size_t off = 0;
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
@@ -130,6 +133,10 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.p_pairs = take<std::uint16_t>(base, off, amx::kProbabilityTerms * kKeyTile * kRowBlock);
   w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
   w.amx_bad_keys = take<std::int32_t>(base, off, kKeyTile);
+  w.widened_k = take<float>(base, off, widened_keys * head_dim);
+  w.widened_v = take<float>(base, off, widened_keys * v_head_dim);
+  w.widened_ready = take<std::uint8_t>(base, off, widened_keys / kKeyTile);
+  w.widened_for = take<std::int64_t>(base, off, 2);
   if (ws != nullptr) *ws = w;
   return off;
 }
@@ -174,12 +181,32 @@ std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan,
   return span;
 }
 
+// Keys of the per-thread widened K/V (Workspace::widened_k), 0 for none: where K or V must be widened or
+// dequantized on the tiled path, a K/V head has enough row blocks that each thread runs several of them (the
+// threads take items in turns: with 2 row blocks each thread widens its own, and the copy only costs), and one
+// head's keys fit kMaxWidenedBytes. The bits do not depend on it: a widened row is the same floats either way.
+// Measured in bench/results/cpu-peers-2026-12-03-zen5-widened.md.
+namespace {
+constexpr std::int64_t kMaxWidenedBytes = std::int64_t{4} << 20;
+constexpr std::int64_t kMinRowBlocksForWidened = 4;
+std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, const PlanOverrides& overrides) {
+  if (overrides.is_off("widened-kv")) return 0;
+  const bool k_widened = (p.dtype != DType::f32 || p.k_storage.type != KvType::Float) && !plan.amx && !plan.bf16_dot;
+  const bool v_widened = (p.dtype != DType::f32 || p.v_storage.type != KvType::Float) && !plan.amx;
+  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened || !(k_widened || v_widened)) return 0;
+  const std::int64_t keys = ceil_div(std::max<std::int64_t>(p.k_len, 1), kKeyTile) * kKeyTile;
+  const std::int64_t bytes = keys * (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(sizeof(float));
+  return bytes <= kMaxWidenedBytes ? keys : 0;
+}
+}  // namespace
+
 TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides& overrides) {
   TiledPlan plan;
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
   plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
+  plan.prefetch_v = !heads_interleaved(p.v) && !overrides.is_off("prefetch-v");
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
@@ -193,7 +220,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.kv_heads_per_item = kv_heads_per_item(p, plan, base_items, threads);
   plan.items = p.batch * ceil_div(p.kv_heads, plan.kv_heads_per_item) * plan.row_blocks * plan.splits;
   plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
-  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, nullptr);
+  plan.widened_keys = widened_keys(p, plan, overrides);
+  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
   plan.scratch_bytes = static_cast<std::size_t>(plan.threads) * plan.workspace_bytes +
                        static_cast<std::size_t>(plan.items) * plan.partial_bytes;
@@ -205,8 +233,10 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
+  if (plan.group_rows <= kFewRows && plan.prefetch_v) s += ", V rows prefetched per tile";
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";
+  if (plan.widened_keys > 0) s += ", K/V widened once per head and thread";
   if (plan.kv_heads_per_item > 1) {
     s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
   }
@@ -223,9 +253,13 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   std::byte* partials = scratch + static_cast<std::size_t>(plan.threads) * plan.workspace_bytes;
   auto workspace = [&](int thread) {
     Workspace w{};
-    carve_workspace(scratch + static_cast<std::size_t>(thread) * plan.workspace_bytes, p.head_dim, p.v_head_dim, &w);
+    carve_workspace(scratch + static_cast<std::size_t>(thread) * plan.workspace_bytes, p.head_dim, p.v_head_dim,
+                    plan.widened_keys, &w);
     return w;
   };
+  if (plan.widened_keys > 0) {  // no thread holds a head's widened K/V from an earlier call yet
+    for (int t = 0; t < plan.threads; ++t) workspace(t).widened_for[0] = -1;
+  }
   auto item_cost = [&](std::int64_t item) {
     const ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), nullptr);
     return 4 * job.kv_span * job.rows * std::max<std::int64_t>(job.key_end - job.key_begin, 1) * p.head_dim;

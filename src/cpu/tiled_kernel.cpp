@@ -166,6 +166,8 @@ struct ValueStep {
 // ---- the AMX products (amx_tiles.hpp): operand staging around them ----
 
 std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+// Tiles of a problem's key range (TiledPlan::widened_keys / kKeyTile where that is not 0).
+std::int64_t ceil_div_tiles(std::int64_t keys) { return round_up(std::max<std::int64_t>(keys, 1), kKeyTile) / kKeyTile; }
 
 // The item's query row r (bfloat16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot scores).
 void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
@@ -279,6 +281,35 @@ void amx_value_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::in
       hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, w.alpha + v * L), hn::Load(df, w.tile_pv + d * kRowBlock + v * L)), df, o);
     }
   }
+}
+
+// Tile `tile` of the job's K/V head into the thread's widened copy, unless it is there already (a copy of another
+// head is dropped first). Only keys below the entry's key length are read (past it a ragged or paged entry's rows
+// are not its own).
+void widen_tile_once(const ItemJob& job, std::int64_t tile, bool k_too, bool v_too) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  if (w.widened_for[0] != job.b || w.widened_for[1] != job.kvh) {
+    std::fill(w.widened_ready, w.widened_ready + ceil_div_tiles(p.k_len), std::uint8_t{0});
+    w.widened_for[0] = job.b;
+    w.widened_for[1] = job.kvh;
+  }
+  if (w.widened_ready[tile] != 0) return;
+  const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, p.head_dim);
+  const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, p.v_head_dim);
+  const std::int64_t end = std::min((tile + 1) * kKeyTile, job.seq.key_length);
+  for (std::int64_t j = tile * kKeyTile; j < end; ++j) {
+    if (k_too) {
+      widen_kv_row(a.k.data, job.seqs->key_index(p.k, job.seq, job.b, job.kvh, j), p.k_storage, p.dtype, p.head_dim,
+                   k_scales, w.widened_k + j * p.head_dim);
+    }
+    if (v_too) {
+      widen_kv_row(a.v.data, job.seqs->key_index(p.v, job.seq, job.b, job.kvh, j), p.v_storage, p.dtype, p.v_head_dim,
+                   v_scales, w.widened_v + j * p.v_head_dim);
+    }
+  }
+  w.widened_ready[tile] = 1;
 }
 
 // Normalises the item's rows and writes O (and the LSE): out = acc * acc_scale, or NaN / 0 for a row that
@@ -395,7 +426,22 @@ void run_item(const ItemJob& job) {
     for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
 
     const std::int64_t amx_bad = amx ? amx_stage_kv(job, k0, n) : 0;
-    for (std::int64_t j = 0; j < n && !amx; ++j) {
+    if (job.widened) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
+      const bool k_copy = !k_in_place && !bf16_dot, v_copy = !v_in_place;
+      widen_tile_once(job, t0 / kKeyTile, k_copy, v_copy);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t key = k0 + j;
+        if (bf16_dot) {
+          w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
+        } else {
+          w.krow[j] = k_copy ? w.widened_k + key * dim
+                             : static_cast<const float*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
+        }
+        w.vrow[j] = v_copy ? w.widened_v + key * dv
+                           : static_cast<const float*>(a.v.data) + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, key);
+      }
+    }
+    for (std::int64_t j = 0; j < n && !amx && !job.widened; ++j) {
       const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
       const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
       if (bf16_dot) {  // K read in place by the scores; V widened for the float32 P V

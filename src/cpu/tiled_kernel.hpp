@@ -44,6 +44,13 @@ struct TiledPlan {
   // bfloat16 with bfloat16 K on a CPU with AVX-512 BF16 and no AMX: the items of more than kFewRows rows take
   // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
   bool bf16_dot = false;
+  // Few-rows items ask for each tile's V rows before its scores (few_rows_kernel.cpp) where a K/V head's rows are
+  // not interleaved with other heads' (a head-first cache, HND pages): there it read a 4k cache 1.2x faster; between
+  // interleaved rows, which the wide items read whole, it only cost.
+  bool prefetch_v = false;
+  // > 0: each thread keeps one K/V head's widened (dequantized) keys for the row blocks it runs of that head
+  // (Workspace::widened_k); the number of keys it has room for.
+  std::int64_t widened_keys = 0;
   std::size_t workspace_bytes = 0;  // per thread
   std::size_t partial_bytes = 0;    // per item, when split
   std::size_t scratch_bytes = 0;    // all of it: threads * workspace + items * partial

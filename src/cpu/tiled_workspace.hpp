@@ -39,10 +39,18 @@ struct Workspace {
   std::uint16_t* p_pairs;  // [3 terms][kKeyTile / 2][kRowBlock][2]
   float* tile_pv;          // [dv16][kRowBlock]: one tile's P V
   std::int32_t* amx_bad_keys;  // [kKeyTile]: the tile's keys whose V holds inf or NaN
+  // The widened K/V of one K/V head (TiledPlan::widened_keys > 0): the keys of the items of one (b, kvh) are
+  // widened (or dequantized) once per thread, not once per row block. Key j's rows at [j][head_dim] and
+  // [j][v_head_dim]; tile t of it is there once widened_ready[t] is set; widened_for names the (b, kvh) held.
+  float* widened_k;               // [widened_keys][head_dim]
+  float* widened_v;               // [widened_keys][v_head_dim]
+  std::uint8_t* widened_ready;    // [widened_keys / kKeyTile]
+  std::int64_t* widened_for;      // [2]: b, kvh (-1: nothing held)
 };
 
 // Lays a workspace out from `base` (null: only measure) and returns its size in bytes.
-std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim, Workspace* ws);
+std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
+                            std::int64_t widened_keys, Workspace* ws);
 
 // Partial state of one item of a split problem: [lane] max, sum, poison, then [v_head_dim][lane] accumulator.
 std::size_t partial_floats(std::int64_t v_head_dim);
@@ -64,6 +72,8 @@ struct ItemJob {
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
+  bool widened = false;
+  bool prefetch_v = false;  // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)   // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most
