@@ -50,8 +50,8 @@ ATTNKIT_BF16_TARGET inline __m512bh load_bf16(const std::uint16_t* p, std::int64
 }
 
 template <int R>
-ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t dim, const std::uint16_t* k,
-                                    std::int64_t k_stride, std::int64_t n, float* s, std::int64_t row_stride) {
+ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t dim, const std::uint16_t* const* k,
+                                    std::int64_t n, float* s, std::int64_t row_stride) {
   constexpr std::int64_t kStep = 32;  // bfloat16 elements per vector
   const std::int64_t full = dim / kStep * kStep;
   const __mmask32 tail = static_cast<__mmask32>((std::uint64_t{1} << (dim - full)) - 1);  // zeros past dim
@@ -63,7 +63,7 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
       for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < dim; d += kStep) {
       __m512bh kv[4];
-      for (int g = 0; g < 4; ++g) kv[g] = load_bf16(k + (j + g) * k_stride, d, full, tail);
+      for (int g = 0; g < 4; ++g) kv[g] = load_bf16(k[j + g], d, full, tail);
       for (int r = 0; r < R; ++r) {
         const __m512bh qv = load_bf16(q[r], d, full, tail);
         for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], qv, kv[g]);
@@ -75,7 +75,7 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < dim; d += kStep) {
-      const __m512bh kv = load_bf16(k + j * k_stride, d, full, tail);
+      const __m512bh kv = load_bf16(k[j], d, full, tail);
       for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], load_bf16(q[r], d, full, tail), kv);
     }
     const __m512 z = _mm512_setzero_ps();
@@ -85,18 +85,18 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
 
 }  // namespace
 
-void score_tile_bf16_dpbf16(const std::uint16_t* const* q, int rows, std::int64_t dim, const std::uint16_t* k,
-                            std::int64_t k_stride, std::int64_t n, float* s, std::int64_t row_stride) {
+void score_tile_bf16_dpbf16(const std::uint16_t* const* q, int rows, std::int64_t dim, const std::uint16_t* const* k,
+                            std::int64_t n, float* s, std::int64_t row_stride) {
   switch (rows) {
-    case 1: score_rows<1>(q, dim, k, k_stride, n, s, row_stride); break;
-    case 2: score_rows<2>(q, dim, k, k_stride, n, s, row_stride); break;
-    case 3: score_rows<3>(q, dim, k, k_stride, n, s, row_stride); break;
-    default: score_rows<4>(q, dim, k, k_stride, n, s, row_stride); break;
+    case 1: score_rows<1>(q, dim, k, n, s, row_stride); break;
+    case 2: score_rows<2>(q, dim, k, n, s, row_stride); break;
+    case 3: score_rows<3>(q, dim, k, n, s, row_stride); break;
+    default: score_rows<4>(q, dim, k, n, s, row_stride); break;
   }
 }
 #else
-void score_tile_bf16_dpbf16(const std::uint16_t* const*, int, std::int64_t, const std::uint16_t*, std::int64_t,
-                            std::int64_t, float*, std::int64_t) {}
+void score_tile_bf16_dpbf16(const std::uint16_t* const*, int, std::int64_t, const std::uint16_t* const*, std::int64_t,
+                            float*, std::int64_t) {}
 #endif
 
 }  // namespace attnkit::cpu

@@ -90,10 +90,10 @@ HWY_INLINE auto sums_of_four(D d, V a, V b, V c, V e) {
 }
 #endif
 
-// s[r * kKeyTile + j] = q_r · K[j] for R rows and n keys; K[j] at k + j * k_stride.
+// s[r * kKeyTile + j] = q_r · K[j] for R rows and n keys; K[j] at k[j].
 template <int R, class T>
-HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const T* HWY_RESTRICT k,
-                           std::int64_t k_stride, std::int64_t n, float* HWY_RESTRICT s) {
+HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const T* const* k, std::int64_t n,
+                           float* HWY_RESTRICT s) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t full = dim / L * L;
@@ -106,7 +106,7 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
         for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::Zero(df);
       for (std::int64_t d = 0; d < full; d += L) {
         VF kv[kKeysPerGroup];
-        for (int g = 0; g < kKeysPerGroup; ++g) kv[g] = load_float(k + (j + g) * k_stride + d);
+        for (int g = 0; g < kKeysPerGroup; ++g) kv[g] = load_float(k[j + g] + d);
         for (int r = 0; r < R; ++r) {
           const VF qv = hn::LoadU(df, q + r * dim + d);
           for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::MulAdd(qv, kv[g], acc[r][g]);
@@ -120,7 +120,7 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
         for (int r = 0; r < R; ++r) {
           for (int g = 0; g < kKeysPerGroup; ++g) {
             float t = s[r * kKeyTile + j + g];
-            for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k + (j + g) * k_stride + d), t);
+            for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k[j + g] + d), t);
             s[r * kKeyTile + j + g] = t;
           }
         }
@@ -132,23 +132,22 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
     VF acc[R];
     for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
     for (std::int64_t d = 0; d < full; d += L) {
-      const VF kv = load_float(k + j * k_stride + d);
+      const VF kv = load_float(k[j] + d);
       for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dim + d), kv, acc[r]);
     }
     for (int r = 0; r < R; ++r) {
       float t = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-      for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k + j * k_stride + d), t);
+      for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k[j] + d), t);
       s[r * kKeyTile + j] = t;
     }
   }
 }
 
-// ot[d][r] = ot[d][r] · alpha[r] + Σ_j p[r][j] · V[j][d] for R rows, n keys, dv dims. A zero weight skips the key
-// (0 · inf would be NaN for a key this row cannot see).
+// ot[d][r] = ot[d][r] · alpha[r] + Σ_j p[r][j] · V[j][d] for R rows, n keys, dv dims, V[j] at v[j]. A zero weight
+// skips the key (0 · inf would be NaN for a key this row cannot see).
 template <int R, class T>
-HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T* HWY_RESTRICT v,
-                           std::int64_t v_stride, std::int64_t dv, const float* HWY_RESTRICT alpha,
-                           float* HWY_RESTRICT ot) {
+HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t dv,
+                           const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
   HWY_ALIGN float tile[R * kChunk * hn::MaxLanes(DF())];
@@ -160,7 +159,7 @@ HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T*
       for (int c = 0; c < kChunk; ++c) acc[r][c] = hn::Zero(df);
     float tail[R][hn::MaxLanes(DF())] = {};
     for (std::int64_t j = 0; j < n; ++j) {
-      const T* row = v + j * v_stride + d0;
+      const T* row = v[j] + d0;
       VF vv[kChunk];
       for (int c = 0; c < kChunk; ++c) vv[c] = c < vecs ? load_float(row + c * L) : hn::Zero(df);
       for (int r = 0; r < R; ++r) {
@@ -287,21 +286,13 @@ void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0
   w.alpha[r] = alpha;
 }
 
-// Whether the few-rows items copy each tile's K/V rows into the workspace: a quantized cache (dequantized), or
-// pages that do not hold whole key tiles (a tile's keys are then not one strided run).
+// Whether the few-rows items copy each tile's K/V rows into the workspace: a quantized cache (dequantized). Float
+// rows are read in place through a pointer per key (a tile may span pages), in the dense call's order.
 bool gathers_kv_rows(const AttentionProblem& p) {
-  const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  return quantized || (p.sequences.paged() && p.sequences.page_size % kKeyTile != 0);
+  return p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
 }
 
-// Where a tile's K and V rows are: in place (float types) or dequantized into the workspace (int8 / int4).
-template <class T>
-struct TileRows {
-  const T* k;
-  std::int64_t k_stride;
-  const T* v;
-  std::int64_t v_stride;
-};
+
 
 // Asks for a tile's V rows before its scores are computed: value_tile reads each row in chunks of a few vectors,
 // one pass over the tile per chunk, an access pattern the hardware prefetchers do not follow (the loads then wait
@@ -345,7 +336,8 @@ class TileSteps {
     const std::int64_t k0 = std::max(t0, rs_.union_begin);
     const std::int64_t n = std::min(t0 + kKeyTile, rs_.union_end) - k0;
     const core::SequenceAccess& seqs = *job_.seqs;
-    TileRows<T> tile{};
+    const T* krows[kKeyTile];
+    const T* vrows[kKeyTile];
     if constexpr (std::is_same_v<T, float>) {
       if (gathered_) {
         for (std::int64_t j = 0; j < n; ++j) {
@@ -353,23 +345,35 @@ class TileSteps {
                        dim, k_scales_, w_.kbuf + j * dim);
           widen_kv_row(a_.v.data, seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j), p_.v_storage, p_.dtype,
                        dv, v_scales_, w_.vbuf + j * dv);
+          krows[j] = w_.kbuf + j * dim;
+          vrows[j] = w_.vbuf + j * dv;
         }
-        tile = {w_.kbuf, dim, w_.vbuf, dv};
       }
     }
-    if (!gathered_) {  // the tile's keys are one run (a page holds whole tiles): read in place
-      tile = {static_cast<const T*>(a_.k.data) + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0), p_.k.row_stride,
-              static_cast<const T*>(a_.v.data) + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0), p_.v.row_stride};
+    if (!gathered_) {  // in place, in runs of keys one row stride apart (one run unless a page ends in the tile)
+      const T* k = static_cast<const T*>(a_.k.data);
+      const T* v = static_cast<const T*>(a_.v.data);
+      for (std::int64_t j0 = 0; j0 < n;) {
+        const std::int64_t len = std::min(n - j0, seqs.keys_in_run(k0 + j0));
+        const T* k_run = k + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0 + j0);
+        const T* v_run = v + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j0);
+        for (std::int64_t i = 0; i < len; ++i) {
+          krows[j0 + i] = k_run + i * p_.k.row_stride;
+          vrows[j0 + i] = v_run + i * p_.v.row_stride;
+        }
+        j0 += len;
+      }
+      if (job_.prefetch_v) {
+        for (std::int64_t j = 0; j < n; ++j) prefetch_rows(vrows[j], 0, 1, dv);
+      }
     }
-    if (!gathered_ && job_.prefetch_v) prefetch_rows(tile.v, tile.v_stride, n, dv);
     if (bf16_dot_) {
-      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t*>(tile.k), tile.k_stride, n, w_.st,
-                             kKeyTile);
+      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t* const*>(krows), n, w_.st, kKeyTile);
     } else {
-      score_tile<R>(w_.qrows, dim, tile.k, tile.k_stride, n, w_.st);
+      score_tile<R>(w_.qrows, dim, krows, n, w_.st);
     }
     for (int r = 0; r < R; ++r) softmax_row(job_, rs_, r, k0, n, w_.st + r * kKeyTile);
-    value_tile<R>(w_.st, n, tile.v, tile.v_stride, dv, w_.alpha, w_.ot);
+    value_tile<R>(w_.st, n, vrows, dv, w_.alpha, w_.ot);
   }
 
  private:
@@ -405,7 +409,18 @@ void run_rows_wide(const ItemJob* jobs, const RowsSetup* rs, int heads) {
       last = std::max(last, steps[h]->end());
     }
   }
+  const ItemJob& job0 = jobs[0];
+  const AttentionProblem& p = *job0.problem;
+  const bool prefetch = job0.prefetch_wide && !gathers_kv_rows(p);
   for (std::int64_t t0 = first; t0 < last; t0 += kKeyTile) {
+    if (prefetch) {  // the tile's V rows of every head of the item: one run per key (the heads' rows interleave)
+      const T* v = static_cast<const T*>(job0.args->v.data);
+      for (std::int64_t j = t0; j < std::min(t0 + kKeyTile, last); ++j) {
+        const T* first_row = v + job0.seqs->key_index(p.v, job0.seq, job0.b, job0.kvh, j);
+        const T* last_row = v + job0.seqs->key_index(p.v, job0.seq, job0.b, job0.kvh + heads - 1, j);
+        prefetch_rows(first_row, 0, 1, (last_row - first_row) + p.v_head_dim);
+      }
+    }
     for (int h = 0; h < heads; ++h) {
       if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) steps[h]->step(t0);
     }

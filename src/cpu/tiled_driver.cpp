@@ -1,6 +1,7 @@
 // The tiled CPU kernel's driver: planning (row blocks, the key split), scratch layout, the thread loop with
 // its work-budget cut, and the split-K merge pass. The SIMD work item is in tiled_kernel.cpp.
 #include "../core/checked_int.hpp"
+#include "../core/kv_quant.hpp"
 #include "../core/online_softmax.hpp"
 #include "../core/visibility.hpp"
 #include "amx_tiles.hpp"
@@ -71,6 +72,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.bf16_dot = plan.bf16_dot;
   job.widened = plan.widened_keys > 0;
   job.prefetch_v = plan.prefetch_v;
+  job.prefetch_wide = plan.prefetch_wide;
   return job;
 }
 
@@ -200,13 +202,28 @@ std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, cons
 }
 }  // namespace
 
+namespace {
+// The K/V bytes a call reads at most (double: no overflow for any size the checks let through).
+double kv_bytes(const AttentionProblem& p) {
+  const double bits = static_cast<double>(p.head_dim * core::kv_value_bits(p.k_storage.type, p.dtype) +
+                                          p.v_head_dim * core::kv_value_bits(p.v_storage.type, p.dtype));
+  return static_cast<double>(p.batch) * static_cast<double>(p.kv_heads) * static_cast<double>(p.k_len) * bits / 8;
+}
+// The few-rows items prefetch V rows only where the call's K/V is larger than this: a smaller one stays in the cores'
+// caches from call to call, and there the prefetches only cost (whisper_dec_448, 1.4-2.8 MB: 3-19% slower; the
+// 4k Llama and paged caches, tens of MB and more: 1.05-1.26x faster).
+constexpr double kMinPrefetchedBytes = 4.0 * (1 << 20);
+}  // namespace
+
 TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides& overrides) {
   TiledPlan plan;
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
   plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
-  plan.prefetch_v = !heads_interleaved(p.v) && !overrides.is_off("prefetch-v");
+  const bool streams = kv_bytes(p) >= kMinPrefetchedBytes;
+  plan.prefetch_v = streams && !heads_interleaved(p.v) && !overrides.is_off("prefetch-v");
+  plan.prefetch_wide = streams && !overrides.is_off("prefetch-wide");
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
@@ -233,7 +250,9 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
-  if (plan.group_rows <= kFewRows && plan.prefetch_v) s += ", V rows prefetched per tile";
+  if (plan.group_rows <= kFewRows && (plan.kv_heads_per_item > 1 ? plan.prefetch_wide : plan.prefetch_v)) {
+    s += ", V rows prefetched per tile";
+  }
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";
   if (plan.widened_keys > 0) s += ", K/V widened once per head and thread";

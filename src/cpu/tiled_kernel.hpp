@@ -45,9 +45,12 @@ struct TiledPlan {
   // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
   bool bf16_dot = false;
   // Few-rows items ask for each tile's V rows before its scores (few_rows_kernel.cpp) where a K/V head's rows are
-  // not interleaved with other heads' (a head-first cache, HND pages): there it read a 4k cache 1.2x faster; between
-  // interleaved rows, which the wide items read whole, it only cost.
+  // not interleaved with other heads' (a head-first cache, HND pages) and the call's K/V does not fit the caches:
+  // there it read a 4k cache 1.2x faster.
   bool prefetch_v = false;
+  // The same for the wide few-rows items (kv_heads_per_item > 1), over every head of the item: the heads' rows of a
+  // key are one run there.
+  bool prefetch_wide = false;
   // > 0: each thread keeps one K/V head's widened (dequantized) keys for the row blocks it runs of that head
   // (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;

@@ -73,7 +73,8 @@ struct ItemJob {
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
   bool widened = false;
-  bool prefetch_v = false;  // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)   // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
+  bool prefetch_v = false;
+  bool prefetch_wide = false;  // wide few-rows items: the same over all their heads (TiledPlan::prefetch_wide)  // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)   // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most

@@ -100,9 +100,14 @@ constexpr int warpgroup_bucket(std::int64_t head_dim) {
 // Prefill at a head dim between buckets: the wgmma kernel in its wider bucket ran faster than mma.sync in its finer
 // one at every head dim from 40 to 256 on the H200 (1.1-2.3x, batch 4 x 16 x 2048; mma.sync's rate is 0.40-0.60 of
 // wgmma's: bench/results/2026-12-01-h200-cuda-head-dims-first.md). At 32 and below (bucket 64, half of it zeros)
-// mma.sync keeps the short encoder layers it was tuned on (MiniLM); wgmma's bucket there is measured only on long
-// prefill.
-constexpr bool warpgroup_bucket_pays(std::int64_t head_dim) { return head_dim > 32; }
+// it pays only on long rows of keys: from 512 keys without a causal mask (head dims 16 and 32 1.2-1.5x, 24 level to
+// 1.1x) and from 4096 with one (1.02-1.23x); on shorter ones (MiniLM's 128 tokens, causal 512-2048) mma.sync's
+// finer bucket is up to 1.4x faster (bench/results/2026-12-03-h200-small-head-dims.md).
+constexpr bool warpgroup_bucket_pays(std::int64_t head_dim, bool long_keys) { return head_dim > 32 || long_keys; }
+// Whether a prefill's rows see enough keys for the wgmma bucket at head dims up to 32 (above).
+constexpr bool long_keys_for_small_dims(bool causal, bool windowed, std::int64_t k_len) {
+  return !windowed && k_len >= (causal ? 4096 : 512);
+}
 
 // ---- the float32 kernel on tensor cores (three TF32 products per product) ----
 

@@ -274,7 +274,9 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // warpgroup_bucket_pays, prefill stays on mma.sync)
   const bool warpgroup_wanted =
       !warpgroup_off &&
-      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(warpgroup_width(p.head_dim, p.v_head_dim))) || long_stream);
+      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(warpgroup_width(p.head_dim, p.v_head_dim),
+                                                                  long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len))) ||
+       long_stream);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
