@@ -90,10 +90,38 @@ HWY_INLINE auto sums_of_four(D d, V a, V b, V c, V e) {
 }
 #endif
 
+// Rows to ask the caches for while a tile's scores run, a few keys per group of keys: the tile's V rows (read after
+// the scores, a few vectors of each row per pass, which the hardware prefetchers do not follow) and the next tile's
+// K rows. Spread over the score loop, the requests overlap the arithmetic; issued in one burst they waited on each
+// other (the core has a few dozen line fills in flight).
+struct RowPrefetch {
+  const void* const* rows[2] = {};
+  std::int64_t n[2] = {};
+  std::int64_t bytes[2] = {};
+};
+
+// The lines of a row into the L2 (the T2 hint): a tile's rows are as large as the L1, where they would evict the
+// lines the tile reads now.
+HWY_INLINE void prefetch_row(const void* row, std::int64_t bytes) {
+  constexpr std::uintptr_t kLine = 64;
+  const auto start = reinterpret_cast<std::uintptr_t>(row);
+  const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
+  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
+    __builtin_prefetch(reinterpret_cast<const char*>(line), 0, 1);
+}
+
+// The rows [j0, j1) of each list of pf.
+HWY_INLINE void prefetch_keys(const RowPrefetch& pf, std::int64_t j0, std::int64_t j1) {
+  for (int list = 0; list < 2; ++list) {
+    for (std::int64_t j = j0; j < std::min(j1, pf.n[list]); ++j) prefetch_row(pf.rows[list][j], pf.bytes[list]);
+  }
+}
+
 // s[r * kKeyTile + j] = q_r · K[j] for R rows and n keys; K[j] at k[j].
+// The rows of pf are asked for along the way.
 template <int R, class T>
 HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const T* const* k, std::int64_t n,
-                           float* HWY_RESTRICT s) {
+                           const RowPrefetch& pf, float* HWY_RESTRICT s) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t full = dim / L * L;
@@ -101,6 +129,7 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (hn::MaxLanes(DF()) >= 4) {
     for (; j + kKeysPerGroup <= n; j += kKeysPerGroup) {
+      prefetch_keys(pf, j, j + kKeysPerGroup);
       VF acc[R][kKeysPerGroup];
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::Zero(df);
@@ -128,6 +157,7 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
     }
   }
 #endif
+  prefetch_keys(pf, j, kKeyTile);  // (the next tile may hold more keys than this one)
   for (; j < n; ++j) {
     VF acc[R];
     for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
@@ -143,45 +173,81 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
   }
 }
 
-// ot[d][r] = ot[d][r] · alpha[r] + Σ_j p[r][j] · V[j][d] for R rows, n keys, dv dims, V[j] at v[j]. A zero weight
-// skips the key (0 · inf would be NaN for a key this row cannot see).
-template <int R, class T>
-HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t dv,
-                           const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
+// One pass over a tile's V rows for C vectors of output dims from d0: o_r[d] = o_r[d] · alpha[r] + Σ_j p[r][j] ·
+// V[j][d] for R rows, with rows r's output at o + r * dv. The R x C sums stay in registers over the tile's n
+// keys (blockwise sums) and meet the running output once. kSkipZeros: a zero weight skips the key (0 · inf would be
+// NaN for a key this row cannot see); a tile none of whose weights is zero needs no test.
+template <int R, int C, bool kSkipZeros, class T>
+HWY_INLINE void value_vectors(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t d0,
+                              std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  HWY_ALIGN float tile[R * kChunk * hn::MaxLanes(DF())];
-  for (std::int64_t d0 = 0; d0 < dv; d0 += kChunk * L) {
-    const std::int64_t width = std::min<std::int64_t>(kChunk * L, dv - d0);
-    const std::int64_t vecs = width / L;
-    VF acc[R][kChunk];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < kChunk; ++c) acc[r][c] = hn::Zero(df);
-    float tail[R][hn::MaxLanes(DF())] = {};
-    for (std::int64_t j = 0; j < n; ++j) {
-      const T* row = v[j] + d0;
-      VF vv[kChunk];
-      for (int c = 0; c < kChunk; ++c) vv[c] = c < vecs ? load_float(row + c * L) : hn::Zero(df);
-      for (int r = 0; r < R; ++r) {
-        const float w = p[r * kKeyTile + j];
-        if (w == 0.0f) continue;
-        const VF wv = hn::Set(df, w);
-        for (int c = 0; c < kChunk; ++c) {
-          if (c < vecs) acc[r][c] = hn::MulAdd(wv, vv[c], acc[r][c]);
-        }
-        for (std::int64_t d = vecs * L; d < width; ++d) tail[r][d - vecs * L] = std::fma(w, scalar_float(row + d), tail[r][d - vecs * L]);
-      }
-    }
+  VF acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const T* row = v[j] + d0;
+    VF vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load_float(row + c * L);
     for (int r = 0; r < R; ++r) {
-      float* t = tile + r * kChunk * L;
-      for (int c = 0; c < kChunk; ++c) hn::Store(acc[r][c], df, t + c * L);
-      for (std::int64_t d = vecs * L; d < width; ++d) t[d] = tail[r][d - vecs * L];
-      for (std::int64_t d = 0; d < width; ++d) {
-        float& o = ot[(d0 + d) * kRowBlock + r];
-        o = std::fma(o, alpha[r], t[d]);
+      const float w = p[r * kKeyTile + j];
+      if constexpr (kSkipZeros) {
+        if (w == 0.0f) continue;
       }
+      const VF wv = hn::Set(df, w);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(wv, vv[c], acc[r][c]);
     }
   }
+  for (int r = 0; r < R; ++r) {
+    float* out = o + r * dv + d0;
+    const VF a = hn::Set(df, alpha[r]);
+    for (int c = 0; c < C; ++c) hn::StoreU(hn::MulAdd(hn::LoadU(df, out + c * L), a, acc[r][c]), df, out + c * L);
+  }
+}
+
+// The output dims [d0, dv) past the last whole vector, one at a time, as value_vectors.
+template <int R, class T>
+HWY_INLINE void value_scalars(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t d0,
+                              std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  for (std::int64_t d = d0; d < dv; ++d) {
+    float acc[R] = {};
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float x = scalar_float(v[j] + d);
+      for (int r = 0; r < R; ++r) {
+        const float w = p[r * kKeyTile + j];
+        if (w != 0.0f) acc[r] = std::fma(w, x, acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) o[r * dv + d] = std::fma(o[r * dv + d], alpha[r], acc[r]);
+  }
+}
+
+template <int R, int C, class T>
+HWY_INLINE void value_vectors_for(bool zero_weights, const float* p, std::int64_t n, const T* const* v,
+                                  std::int64_t d0, std::int64_t dv, const float* alpha, float* o) {
+  if (zero_weights) {
+    value_vectors<R, C, true>(p, n, v, d0, dv, alpha, o);
+  } else {
+    value_vectors<R, C, false>(p, n, v, d0, dv, alpha, o);
+  }
+}
+
+// o_r = o_r · alpha[r] + Σ_j p[r][j] · V[j] for R rows, n keys, dv dims, V[j] at v[j], row r's output at
+// o + r * dv: kChunk vectors of dims per pass over the tile, then the last vectors and dims.
+template <int R, class T>
+HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t dv,
+                           const float* HWY_RESTRICT alpha, bool zero_weights, float* HWY_RESTRICT o) {
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(DF()));
+  std::int64_t d0 = 0;
+  for (; d0 + kChunk * L <= dv; d0 += kChunk * L) value_vectors_for<R, kChunk>(zero_weights, p, n, v, d0, dv, alpha, o);
+  switch ((dv - d0) / L) {
+    case 0: break;
+    case 1: value_vectors_for<R, 1>(zero_weights, p, n, v, d0, dv, alpha, o); break;
+    case 2: value_vectors_for<R, 2>(zero_weights, p, n, v, d0, dv, alpha, o); break;
+    default: value_vectors_for<R, 3>(zero_weights, p, n, v, d0, dv, alpha, o); break;
+  }
+  d0 += (dv - d0) / L * L;
+  if (d0 < dv) value_scalars<R>(p, n, v, d0, dv, alpha, o);
 }
 
 // The rows of one item: where each query lives, which keys of the item's range it sees.
@@ -222,14 +288,23 @@ RowsSetup set_up_rows(const ItemJob& job) {
     w.max[r] = core::kNegInf;
     w.sum[r] = 0.0f;
     w.poison[r] = 0.0f;
-    for (std::int64_t d = 0; d < p.v_head_dim; ++d) w.ot[d * kRowBlock + r] = 0.0f;
+    std::fill(w.orows + r * p.v_head_dim, w.orows + (r + 1) * p.v_head_dim, 0.0f);
   }
   return rs;
 }
 
+// The item's running output from its row-major buffer into the [dim][lane] layout the finish and the split-K merge
+// read.
+void move_output_to_lanes(const Workspace& w, std::int64_t rows, std::int64_t dv) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t d = 0; d < dv; ++d) w.ot[d * kRowBlock + r] = w.orows[r * dv + d];
+  }
+}
+
 // Scale, softcap, mask and visibility of row r's scores over keys [k0, k0 + n), then its online-softmax step:
 // s becomes p = exp(s - max), the running max and sum move on, alpha[r] is the rescale of the running output.
-void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0, std::int64_t n, float* s) {
+// Returns whether any of the n weights is zero (a hidden key, or one whose exp underflowed).
+bool softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0, std::int64_t n, float* s) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const Workspace& w = *job.ws;
@@ -275,15 +350,20 @@ void softmax_row(const ItemJob& job, const RowsSetup& rs, int r, std::int64_t k0
   const float alpha = core::rescale_factor(old_max, new_max);
   const VF m = hn::Set(df, use_max);
   VF vsum = hn::Zero(df);
+  auto zeros = hn::FirstN(df, 0);
   for (std::int64_t j = 0; j < n; j += L) {
     const VF x = hn::Sub(hn::LoadU(df, s + j), m);
     const VF e = exp_of_nonpositive(df, x);
     vsum = hn::Add(vsum, e);
+    const auto in_tile = hn::RebindMask(df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(j))),
+                                                  hn::Set(di, static_cast<std::int32_t>(n))));
+    zeros = hn::Or(zeros, hn::And(in_tile, hn::Eq(e, hn::Zero(df))));
     hn::StoreU(e, df, s + j);
   }
   w.max[r] = new_max;
   w.sum[r] = std::fma(w.sum[r], alpha, hn::GetLane(hn::SumOfLanes(df, vsum)));
   w.alpha[r] = alpha;
+  return !hn::AllFalse(df, zeros);
 }
 
 // Whether the few-rows items copy each tile's K/V rows into the workspace: a quantized cache (dequantized). Float
@@ -293,20 +373,6 @@ bool gathers_kv_rows(const AttentionProblem& p) {
 }
 
 
-
-// Asks for a tile's V rows before its scores are computed: value_tile reads each row in chunks of a few vectors,
-// one pass over the tile per chunk, an access pattern the hardware prefetchers do not follow (the loads then wait
-// on memory); the scores take long enough that the rows are in cache by then.
-template <class T>
-HWY_INLINE void prefetch_rows(const T* rows, std::int64_t stride, std::int64_t n, std::int64_t width) {
-  constexpr std::uintptr_t kLine = 64;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const auto start = reinterpret_cast<std::uintptr_t>(rows + j * stride);
-    const std::uintptr_t end = start + static_cast<std::uintptr_t>(width) * sizeof(T);
-    for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
-      hwy::Prefetch(reinterpret_cast<const char*>(line));
-  }
-}
 
 // The tile steps of one item: its rows' online softmax over key tiles [t0, t0 + kKeyTile), one tile per step().
 template <int R, class T>
@@ -350,33 +416,53 @@ class TileSteps {
         }
       }
     }
-    if (!gathered_) {  // in place, in runs of keys one row stride apart (one run unless a page ends in the tile)
-      const T* k = static_cast<const T*>(a_.k.data);
-      const T* v = static_cast<const T*>(a_.v.data);
-      for (std::int64_t j0 = 0; j0 < n;) {
-        const std::int64_t len = std::min(n - j0, seqs.keys_in_run(k0 + j0));
-        const T* k_run = k + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0 + j0);
-        const T* v_run = v + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j0);
-        for (std::int64_t i = 0; i < len; ++i) {
-          krows[j0 + i] = k_run + i * p_.k.row_stride;
-          vrows[j0 + i] = v_run + i * p_.v.row_stride;
-        }
-        j0 += len;
-      }
-      if (job_.prefetch_v) {
-        for (std::int64_t j = 0; j < n; ++j) prefetch_rows(vrows[j], 0, 1, dv);
+    RowPrefetch pf;
+    const T* next_krows[kKeyTile];
+    const T* next_vrows[kKeyTile];
+    if (!gathered_) {
+      in_place_rows(k0, n, krows, vrows);
+      if (job_.prefetch_v) pf_list(pf, 0, vrows, n, dv);
+      const std::int64_t next_n = std::min(t0 + 2 * kKeyTile, rs_.union_end) - (t0 + kKeyTile);
+      if (job_.prefetch_ahead && next_n > 0) {
+        in_place_rows(t0 + kKeyTile, next_n, next_krows, next_vrows);
+        pf_list(pf, 1, next_krows, next_n, dim);
       }
     }
     if (bf16_dot_) {
+      prefetch_keys(pf, 0, kKeyTile);
       score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t* const*>(krows), n, w_.st, kKeyTile);
     } else {
-      score_tile<R>(w_.qrows, dim, krows, n, w_.st);
+      score_tile<R>(w_.qrows, dim, krows, n, pf, w_.st);
     }
-    for (int r = 0; r < R; ++r) softmax_row(job_, rs_, r, k0, n, w_.st + r * kKeyTile);
-    value_tile<R>(w_.st, n, vrows, dv, w_.alpha, w_.ot);
+    bool zero_weights = false;
+    for (int r = 0; r < R; ++r) zero_weights |= softmax_row(job_, rs_, r, k0, n, w_.st + r * kKeyTile);
+    value_tile<R>(w_.st, n, vrows, dv, w_.alpha, zero_weights, w_.orows);
   }
 
  private:
+  // Pointers to the K and V rows of keys [k0, k0 + n) in place, in runs of keys one row stride apart (one run
+  // unless a page ends in the tile).
+  void in_place_rows(std::int64_t k0, std::int64_t n, const T** krows, const T** vrows) const {
+    const core::SequenceAccess& seqs = *job_.seqs;
+    const T* k = static_cast<const T*>(a_.k.data);
+    const T* v = static_cast<const T*>(a_.v.data);
+    for (std::int64_t j0 = 0; j0 < n;) {
+      const std::int64_t len = std::min(n - j0, seqs.keys_in_run(k0 + j0));
+      const T* k_run = k + seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0 + j0);
+      const T* v_run = v + seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j0);
+      for (std::int64_t i = 0; i < len; ++i) {
+        krows[j0 + i] = k_run + i * p_.k.row_stride;
+        vrows[j0 + i] = v_run + i * p_.v.row_stride;
+      }
+      j0 += len;
+    }
+  }
+  static void pf_list(RowPrefetch& pf, int list, const T* const* rows, std::int64_t n, std::int64_t width) {
+    pf.rows[list] = reinterpret_cast<const void* const*>(rows);
+    pf.n[list] = n;
+    pf.bytes[list] = width * static_cast<std::int64_t>(sizeof(T));
+  }
+
   const ItemJob& job_;
   const RowsSetup& rs_;
   const AttentionProblem& p_;
@@ -409,18 +495,7 @@ void run_rows_wide(const ItemJob* jobs, const RowsSetup* rs, int heads) {
       last = std::max(last, steps[h]->end());
     }
   }
-  const ItemJob& job0 = jobs[0];
-  const AttentionProblem& p = *job0.problem;
-  const bool prefetch = job0.prefetch_wide && !gathers_kv_rows(p);
   for (std::int64_t t0 = first; t0 < last; t0 += kKeyTile) {
-    if (prefetch) {  // the tile's V rows of every head of the item: one run per key (the heads' rows interleave)
-      const T* v = static_cast<const T*>(job0.args->v.data);
-      for (std::int64_t j = t0; j < std::min(t0 + kKeyTile, last); ++j) {
-        const T* first_row = v + job0.seqs->key_index(p.v, job0.seq, job0.b, job0.kvh, j);
-        const T* last_row = v + job0.seqs->key_index(p.v, job0.seq, job0.b, job0.kvh + heads - 1, j);
-        prefetch_rows(first_row, 0, 1, (last_row - first_row) + p.v_head_dim);
-      }
-    }
     for (int h = 0; h < heads; ++h) {
       if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) steps[h]->step(t0);
     }
@@ -449,6 +524,7 @@ void run_few_rows_item(const ItemJob& job) {
   } else {
     run_typed<hwy::bfloat16_t>(job, rs);
   }
+  move_output_to_lanes(*job.ws, job.rows, p.v_head_dim);
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
     save_partial(*job.ws, job.rows, p.v_head_dim, job.partial);
   } else {
@@ -457,7 +533,7 @@ void run_few_rows_item(const ItemJob& job) {
 }
 
 // The workspace of head h of a wide item: its own lanes of the running state and its own query rows.
-Workspace head_view(const Workspace& w, int h, std::int64_t head_dim) {
+Workspace head_view(const Workspace& w, int h, std::int64_t head_dim, std::int64_t v_head_dim) {
   Workspace v = w;
   const std::int64_t lane = static_cast<std::int64_t>(h) * kFewRows;
   v.qrows = w.qrows + lane * head_dim;
@@ -466,6 +542,7 @@ Workspace head_view(const Workspace& w, int h, std::int64_t head_dim) {
   v.poison = w.poison + lane;
   v.alpha = w.alpha + lane;
   v.ot = w.ot + lane;  // (element d * kRowBlock + r of the view: lane `lane + r` of column d)
+  v.orows = w.orows + lane * v_head_dim;
   return v;
 }
 
@@ -490,7 +567,7 @@ void run_few_rows_wide_item(const ItemJob& job) {
   Workspace views[kMaxKvHeadsPerItem];
   RowsSetup rs[kMaxKvHeadsPerItem];
   for (int h = 0; h < heads; ++h) {
-    views[h] = head_view(*job.ws, h, p.head_dim);
+    views[h] = head_view(*job.ws, h, p.head_dim, p.v_head_dim);
     jobs[h] = job;
     jobs[h].kvh = job.kvh + h;
     jobs[h].kv_span = 1;
@@ -504,7 +581,10 @@ void run_few_rows_wide_item(const ItemJob& job) {
   } else {
     run_wide_rows<hwy::bfloat16_t>(jobs, rs, heads);
   }
-  for (int h = 0; h < heads; ++h) finish_rows_dispatched(jobs[h]);  // (wide items are never split)
+  for (int h = 0; h < heads; ++h) {  // (wide items are never split)
+    move_output_to_lanes(views[h], jobs[h].rows, p.v_head_dim);
+    finish_rows_dispatched(jobs[h]);
+  }
 }
 
 }  // namespace attnkit::cpu::HWY_NAMESPACE

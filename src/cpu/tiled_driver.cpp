@@ -72,7 +72,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.bf16_dot = plan.bf16_dot;
   job.widened = plan.widened_keys > 0;
   job.prefetch_v = plan.prefetch_v;
-  job.prefetch_wide = plan.prefetch_wide;
+  job.prefetch_ahead = plan.prefetch_ahead;
   return job;
 }
 
@@ -113,6 +113,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.qrows = take<float>(base, off, kRowBlock * head_dim);
   w.st = take<float>(base, off, kKeyTile * kRowBlock);
   w.ot = take<float>(base, off, v_head_dim * kRowBlock);
+  w.orows = take<float>(base, off, kRowBlock * v_head_dim);
   w.max = take<float>(base, off, kRowBlock);
   w.sum = take<float>(base, off, kRowBlock);
   w.poison = take<float>(base, off, kRowBlock);
@@ -209,9 +210,8 @@ double kv_bytes(const AttentionProblem& p) {
                                           p.v_head_dim * core::kv_value_bits(p.v_storage.type, p.dtype));
   return static_cast<double>(p.batch) * static_cast<double>(p.kv_heads) * static_cast<double>(p.k_len) * bits / 8;
 }
-// The few-rows items prefetch V rows only where the call's K/V is larger than this: a smaller one stays in the cores'
-// caches from call to call, and there the prefetches only cost (whisper_dec_448, 1.4-2.8 MB: 3-19% slower; the
-// 4k Llama and paged caches, tens of MB and more: 1.05-1.26x faster).
+// The few-rows items prefetch K/V rows only where the call's K/V is larger than this: a smaller one stays in the
+// cores' caches from call to call, and there the prefetches only cost.
 constexpr double kMinPrefetchedBytes = 4.0 * (1 << 20);
 }  // namespace
 
@@ -222,8 +222,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
   const bool streams = kv_bytes(p) >= kMinPrefetchedBytes;
-  plan.prefetch_v = streams && !heads_interleaved(p.v) && !overrides.is_off("prefetch-v");
-  plan.prefetch_wide = streams && !overrides.is_off("prefetch-wide");
+  plan.prefetch_v = streams && !overrides.is_off("prefetch-v");
+  plan.prefetch_ahead = streams && !overrides.is_off("prefetch-ahead");
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
@@ -250,8 +250,8 @@ std::string describe(const TiledPlan& plan) {
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
   if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
-  if (plan.group_rows <= kFewRows && (plan.kv_heads_per_item > 1 ? plan.prefetch_wide : plan.prefetch_v)) {
-    s += ", V rows prefetched per tile";
+  if (plan.group_rows <= kFewRows && (plan.prefetch_v || plan.prefetch_ahead)) {
+    s += ", K/V rows prefetched a tile ahead";
   }
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";

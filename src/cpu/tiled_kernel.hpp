@@ -44,13 +44,11 @@ struct TiledPlan {
   // bfloat16 with bfloat16 K on a CPU with AVX-512 BF16 and no AMX: the items of more than kFewRows rows take
   // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
   bool bf16_dot = false;
-  // Few-rows items ask for each tile's V rows before its scores (few_rows_kernel.cpp) where a K/V head's rows are
-  // not interleaved with other heads' (a head-first cache, HND pages) and the call's K/V does not fit the caches:
-  // there it read a 4k cache 1.2x faster.
+  // Few-rows items ask the caches for each tile's V rows and the next tile's K rows while the tile's scores run
+  // (few_rows_kernel.cpp), where the call's K/V does not fit the caches: the hardware prefetchers alone left a
+  // streaming decode waiting on its loads.
   bool prefetch_v = false;
-  // The same for the wide few-rows items (kv_heads_per_item > 1), over every head of the item: the heads' rows of a
-  // key are one run there.
-  bool prefetch_wide = false;
+  bool prefetch_ahead = false;
   // > 0: each thread keeps one K/V head's widened (dequantized) keys for the row blocks it runs of that head
   // (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;

@@ -17,6 +17,7 @@ struct Workspace {
   float* qrows;   // [kRowBlock][head_dim]: a few-rows item's queries, row-major (kFewRows per K/V head of the item)
   float* st;      // [kKeyTile][lane]: scores, then probabilities, of the current tile ([row][kKeyTile]: few rows)
   float* ot;      // [v_head_dim][lane]: running unnormalised output
+  float* orows;   // [kRowBlock][v_head_dim]: a few-rows item's running output, row-major (moved to ot at its end)
   float* max;     // [lane] running max
   float* sum;     // [lane] running sum of exp(s - max)
   float* poison;  // [lane] nonzero once a visible score was NaN or +inf
@@ -72,9 +73,9 @@ struct ItemJob {
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
-  bool widened = false;
-  bool prefetch_v = false;
-  bool prefetch_wide = false;  // wide few-rows items: the same over all their heads (TiledPlan::prefetch_wide)  // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)   // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
+  bool widened = false;        // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
+  bool prefetch_v = false;      // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)
+  bool prefetch_ahead = false;  // few-rows items: prefetch the next tile's K rows (TiledPlan::prefetch_ahead)
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most
