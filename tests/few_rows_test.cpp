@@ -97,7 +97,7 @@ TEST(FewRows, DotProductTileMatchesFloat64) {
         std::vector<float> s(static_cast<std::size_t>(4 * 64), -1.0f);
         std::vector<const std::uint16_t*> kr;
         for (std::int64_t j = 0; j < n; ++j) kr.push_back(k.data() + j * stride);
-        cpu::score_tile_bf16_dpbf16(qr, rows, dim, kr.data(), n, s.data(), 64);
+        cpu::score_tile_bf16_dpbf16(qr, rows, dim, kr.data(), n, cpu::RowPrefetch{}, s.data(), 64);
         for (int r = 0; r < rows; ++r) {
           for (std::int64_t j = 0; j < n; ++j) {
             double ref = 0.0, mag = 0.0;

@@ -111,20 +111,20 @@ TEST(Sequences, WidenedHeadCopyKeepsTheBits) {
   }
 }
 
-// The few-rows kernel's prefetches ("K/V rows prefetched a tile ahead" in the plan, on once the call's K/V passes the
-// caches' size): a decode step over a dense, NHD-paged (heads interleaved: wide items) and HND-paged cache, whose
+// The few-rows kernel's prefetches ("K/V rows prefetched a tile ahead" in the plan, on from 16 MiB of K/V at most):
+// a decode step over a dense, NHD-paged (heads interleaved: wide items) and HND-paged cache, whose
 // bits must not depend on them ("off=prefetch-v+prefetch-ahead"), with key lengths that end mid-tile and mid-page.
 TEST(Sequences, PrefetchedDecodeKeepsTheBits) {
   std::mt19937 rng(23);
   for (int variant = 0; variant < 4; ++variant) {
     BatchSpec s;
     s.dtype = variant == 3 ? DType::f32 : DType::f16;
-    s.heads = 8;
-    s.kv_heads = 2;
+    s.heads = 16;
+    s.kv_heads = 4;
     s.head_dim = s.v_head_dim = 128;
     s.ragged_q = false;
     s.q_lens.assign(3, 1);
-    s.k_lens = {2000 + static_cast<std::int64_t>(rng() % 1000), 2900, 1999};
+    s.k_lens = {3000 + static_cast<std::int64_t>(rng() % 1000), 3900, 2999};
     s.ragged_k = variant == 0;
     if (variant >= 1) s.page_size = 48, s.heads_before_pages_rows = variant == 2;
     s.causal = true;

@@ -51,13 +51,14 @@ ATTNKIT_BF16_TARGET inline __m512bh load_bf16(const std::uint16_t* p, std::int64
 
 template <int R>
 ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t dim, const std::uint16_t* const* k,
-                                    std::int64_t n, float* s, std::int64_t row_stride) {
+                                    std::int64_t n, const RowPrefetch& pf, float* s, std::int64_t row_stride) {
   constexpr std::int64_t kStep = 32;  // bfloat16 elements per vector
   const std::int64_t full = dim / kStep * kStep;
   const __mmask32 tail = static_cast<__mmask32>((std::uint64_t{1} << (dim - full)) - 1);  // zeros past dim
   // No lambda here: clang does not give a lambda its enclosing function's target attribute.
   std::int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
+    prefetch_keys(pf, j, j + 4);
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -71,6 +72,7 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
     }
     for (int r = 0; r < R; ++r) _mm_storeu_ps(s + r * row_stride + j, sums_of_four(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
   }
+  prefetch_rest(pf, j);
   for (; j < n; ++j) {
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -86,17 +88,17 @@ ATTNKIT_BF16_TARGET void score_rows(const std::uint16_t* const* q, std::int64_t 
 }  // namespace
 
 void score_tile_bf16_dpbf16(const std::uint16_t* const* q, int rows, std::int64_t dim, const std::uint16_t* const* k,
-                            std::int64_t n, float* s, std::int64_t row_stride) {
+                            std::int64_t n, const RowPrefetch& pf, float* s, std::int64_t row_stride) {
   switch (rows) {
-    case 1: score_rows<1>(q, dim, k, n, s, row_stride); break;
-    case 2: score_rows<2>(q, dim, k, n, s, row_stride); break;
-    case 3: score_rows<3>(q, dim, k, n, s, row_stride); break;
-    default: score_rows<4>(q, dim, k, n, s, row_stride); break;
+    case 1: score_rows<1>(q, dim, k, n, pf, s, row_stride); break;
+    case 2: score_rows<2>(q, dim, k, n, pf, s, row_stride); break;
+    case 3: score_rows<3>(q, dim, k, n, pf, s, row_stride); break;
+    default: score_rows<4>(q, dim, k, n, pf, s, row_stride); break;
   }
 }
 #else
 void score_tile_bf16_dpbf16(const std::uint16_t* const*, int, std::int64_t, const std::uint16_t* const*, std::int64_t,
-                            float*, std::int64_t) {}
+                            const RowPrefetch&, float*, std::int64_t) {}
 #endif
 
 }  // namespace attnkit::cpu

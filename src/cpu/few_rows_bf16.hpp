@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "row_prefetch.hpp"
+
 namespace attnkit::cpu {
 
 // Which of the CPU's optional instruction sets the CPU kernel uses. Filled from the CPU at start-up; a test
@@ -14,9 +16,10 @@ struct CpuKernelFeatures {
 };
 CpuKernelFeatures& cpu_kernel_features();
 
-// s[r * row_stride + j] = Σ_d q[r][d] · k[j][d] for `rows` (1..4) query rows and `n` keys, K row j at k[j]. Each product is exact in float32; the sums run in pairs of dims per lane,
-// then across lanes in a fixed order (FTZ/DAZ: bfloat16 subnormals count as 0). Needs avx512_bf16.
+// s[r * row_stride + j] = Σ_d q[r][d] · k[j][d] for `rows` (1..4) query rows and `n` keys, K row j at k[j]. Each
+// product is exact in float32; the sums run in pairs of dims per lane, then across lanes in a fixed order (FTZ/DAZ:
+// bfloat16 subnormals count as 0). The rows of `pf` are asked for along the way. Needs avx512_bf16.
 void score_tile_bf16_dpbf16(const std::uint16_t* const* q, int rows, std::int64_t dim, const std::uint16_t* const* k,
-                            std::int64_t n, float* s, std::int64_t row_stride);
+                            std::int64_t n, const RowPrefetch& pf, float* s, std::int64_t row_stride);
 
 }  // namespace attnkit::cpu

@@ -21,6 +21,7 @@
 #include "../core/online_softmax.hpp"
 #include "../core/visibility.hpp"
 #include "few_rows_bf16.hpp"
+#include "row_prefetch.hpp"
 #include "tiled_kernel.hpp"
 #include "softmax_exp-inl.h"
 #include "tiled_workspace.hpp"
@@ -90,33 +91,6 @@ HWY_INLINE auto sums_of_four(D d, V a, V b, V c, V e) {
 }
 #endif
 
-// Rows to ask the caches for while a tile's scores run, a few keys per group of keys: the tile's V rows (read after
-// the scores, a few vectors of each row per pass, which the hardware prefetchers do not follow) and the next tile's
-// K rows. Spread over the score loop, the requests overlap the arithmetic; issued in one burst they waited on each
-// other (the core has a few dozen line fills in flight).
-struct RowPrefetch {
-  const void* const* rows[2] = {};
-  std::int64_t n[2] = {};
-  std::int64_t bytes[2] = {};
-};
-
-// The lines of a row into the L2 (the T2 hint): a tile's rows are as large as the L1, where they would evict the
-// lines the tile reads now.
-HWY_INLINE void prefetch_row(const void* row, std::int64_t bytes) {
-  constexpr std::uintptr_t kLine = 64;
-  const auto start = reinterpret_cast<std::uintptr_t>(row);
-  const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
-  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
-    __builtin_prefetch(reinterpret_cast<const char*>(line), 0, 1);
-}
-
-// The rows [j0, j1) of each list of pf.
-HWY_INLINE void prefetch_keys(const RowPrefetch& pf, std::int64_t j0, std::int64_t j1) {
-  for (int list = 0; list < 2; ++list) {
-    for (std::int64_t j = j0; j < std::min(j1, pf.n[list]); ++j) prefetch_row(pf.rows[list][j], pf.bytes[list]);
-  }
-}
-
 // s[r * kKeyTile + j] = q_r · K[j] for R rows and n keys; K[j] at k[j].
 // The rows of pf are asked for along the way.
 template <int R, class T>
@@ -157,7 +131,7 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
     }
   }
 #endif
-  prefetch_keys(pf, j, kKeyTile);  // (the next tile may hold more keys than this one)
+  prefetch_rest(pf, j);
   for (; j < n; ++j) {
     VF acc[R];
     for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
@@ -429,8 +403,8 @@ class TileSteps {
       }
     }
     if (bf16_dot_) {
-      prefetch_keys(pf, 0, kKeyTile);
-      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t* const*>(krows), n, w_.st, kKeyTile);
+      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t* const*>(krows), n, pf, w_.st,
+                             kKeyTile);
     } else {
       score_tile<R>(w_.qrows, dim, krows, n, pf, w_.st);
     }

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 namespace attnkit::cpu {
 namespace {
 
@@ -210,9 +212,18 @@ double kv_bytes(const AttentionProblem& p) {
                                           p.v_head_dim * core::kv_value_bits(p.v_storage.type, p.dtype));
   return static_cast<double>(p.batch) * static_cast<double>(p.kv_heads) * static_cast<double>(p.k_len) * bits / 8;
 }
-// The few-rows items prefetch K/V rows only where the call's K/V is larger than this: a smaller one stays in the
-// cores' caches from call to call, and there the prefetches only cost.
-constexpr double kMinPrefetchedBytes = 4.0 * (1 << 20);
+// The few-rows items prefetch K/V rows only where the call's K/V is at least this large: a third of the last-level
+// cache, within [4, 16] MiB (8 MiB where the OS does not say). A smaller K/V stays in the caches from call to call,
+// and there the prefetches only cost (bench/results/cpu-decode-2026-12-03-zen4.md: 8 MiB of a 32 MiB L3 ran 1.17x
+// faster without them, 16 MiB 1.3x faster with them).
+double min_prefetched_bytes() {
+  static const double bytes = [] {
+    constexpr double kMiB = 1 << 20;
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? std::clamp(static_cast<double>(l3) / 3, 4 * kMiB, 16 * kMiB) : 8 * kMiB;
+  }();
+  return bytes;
+}
 }  // namespace
 
 TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides& overrides) {
@@ -221,7 +232,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.group_rows = plan.group * p.q_len;
   plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
-  const bool streams = kv_bytes(p) >= kMinPrefetchedBytes;
+  const bool streams = kv_bytes(p) >= min_prefetched_bytes();
   plan.prefetch_v = streams && !overrides.is_off("prefetch-v");
   plan.prefetch_ahead = streams && !overrides.is_off("prefetch-ahead");
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
