@@ -8,6 +8,17 @@
 namespace attnkit {
 namespace {
 
+// A plan feature that must not change the bits: the plan names it (`phrase` in describe()) unless `overrides` turn it
+// off, and the batch checks out against the reference with the same bits either way.
+void expect_feature_keeps_the_bits(const Batch& b, const BatchSpec& s, const char* overrides, const char* phrase) {
+  AttentionConfig own, off;
+  off.plan = parse_plan_overrides(overrides);
+  const std::string described = Attention(b.problem(), own).describe();
+  EXPECT_NE(described.find(phrase), std::string::npos) << described;
+  EXPECT_EQ(Attention(b.problem(), off).describe().find(phrase), std::string::npos);
+  EXPECT_EQ(check_batch(b, s, own), check_batch(b, s, off));
+}
+
 TEST(Sequences, RaggedBatchesMatchEachSequenceAlone) {
   std::mt19937 rng(31);
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
@@ -102,18 +113,13 @@ TEST(Sequences, WidenedHeadCopyKeepsTheBits) {
     if (variant == 4) s.kv_type = KvType::Int4, s.kv_quant = KvQuant::PerTensor;
     SCOPED_TRACE("variant " + std::to_string(variant));
     const Batch b(s, 60 + variant);
-    AttentionConfig own, off;
-    off.plan = parse_plan_overrides("off=widened-kv");
-    EXPECT_NE(Attention(b.problem(), own).describe().find("widened once"), std::string::npos)
-        << Attention(b.problem(), own).describe();
-    EXPECT_EQ(Attention(b.problem(), off).describe().find("widened once"), std::string::npos);
-    EXPECT_EQ(check_batch(b, s, own), check_batch(b, s, off));
+    expect_feature_keeps_the_bits(b, s, "off=widened-kv", "widened once");
   }
 }
 
 // The few-rows kernel's prefetches ("K/V rows prefetched a tile ahead" in the plan, on from 16 MiB of K/V at most):
-// a decode step over a dense, NHD-paged (heads interleaved: wide items) and HND-paged cache, whose
-// bits must not depend on them ("off=prefetch-v+prefetch-ahead"), with key lengths that end mid-tile and mid-page.
+// a decode step over ragged keys and NHD-paged (heads interleaved: wide items) and HND-paged caches, float16, and
+// NHD pages in float32, whose bits must not depend on them ("off=prefetch-v+prefetch-ahead"), with key lengths that end mid-tile and mid-page.
 TEST(Sequences, PrefetchedDecodeKeepsTheBits) {
   std::mt19937 rng(23);
   for (int variant = 0; variant < 4; ++variant) {
@@ -130,12 +136,7 @@ TEST(Sequences, PrefetchedDecodeKeepsTheBits) {
     s.causal = true;
     SCOPED_TRACE("variant " + std::to_string(variant));
     const Batch b(s, 90 + variant);
-    AttentionConfig own, off;
-    off.plan = parse_plan_overrides("off=prefetch-v+prefetch-ahead");
-    EXPECT_NE(Attention(b.problem(), own).describe().find("prefetched"), std::string::npos)
-        << Attention(b.problem(), own).describe();
-    EXPECT_EQ(Attention(b.problem(), off).describe().find("prefetched"), std::string::npos);
-    EXPECT_EQ(check_batch(b, s, own), check_batch(b, s, off));
+    expect_feature_keeps_the_bits(b, s, "off=prefetch-v+prefetch-ahead", "prefetched");
   }
 }
 
