@@ -22,13 +22,15 @@ __all__ = ["attention", "attention_varlen", "append_kv", "group_query_attention"
 __version__: str = _attnkit.__version__
 
 _TORCH_OPS: Any = None  # attnkit._torch_ops once loaded (it imports torch and registers torch.ops.attnkit.*)
+_TORCH_TENSOR: Any = None  # torch.Tensor, likewise (None before: no type is it)
 
 
 def _load_torch_ops() -> Any:
-    global _TORCH_OPS
+    global _TORCH_OPS, _TORCH_TENSOR
     from . import _torch_ops
 
     _TORCH_OPS = _torch_ops
+    _TORCH_TENSOR = _torch_ops.torch.Tensor
     return _torch_ops
 
 
@@ -295,6 +297,18 @@ def attention(
         ValueError: a shape, stride, device or option is not accepted; the message is the library's
             (``"argument: rule"``). Nothing is written.
     """
+    # The plainest eager call on torch tensors first, its checks flat: a tiny call's cost is mostly this Python
+    # (bench/python_call_overhead.py). plain_attention gives None for anything else (tracing, compiling, a
+    # tensor subclass), which takes the general path below.
+    if (type(q) is _TORCH_TENSOR and mask is None and key_lengths is None and head_sink is None and out is None
+            and (causal_offset is None or type(causal_offset) is int) and window is None and softcap is None
+            and not return_lse and not plan and block_table is None and (scale is None or type(scale) is float)
+            and (threads is None or type(threads) is int) and type(masked_rows) is str and type(layout) is str
+            and type(backend) is str):
+        o = _TORCH_OPS.plain_attention(q, k, v, bool(causal), causal_offset, scale, masked_rows, layout, threads,
+                                       backend)
+        if o is not None:
+            return o
     if block_table is not None:
         return _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale,
                                 masked_rows, return_lse, out, layout, head_sink, threads, backend, mask, kv_layout, plan)

@@ -178,26 +178,38 @@ def _attention_out_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_of
                            softcap, scale, masked_rows, return_lse, layout, threads, backend)[1]
 
 
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+
+
+def plain_attention(q, k, v, causal, causal_offset, scale, masked_rows, layout, threads, backend):
+    """attnkit.attention's plainest eager call (no option but causal, an int causal_offset, scale, masked_rows,
+    layout, threads and backend; plain tensors; not traced, compiled or under a dispatch mode) straight into the
+    binding, which checks every value; None for any other call (the caller then takes the general path)."""
+    if (type(k) is not _Tensor or type(v) is not _Tensor or q.dim() != 4 or v.dim() != 4 or _is_compiling()
+            or _tracing_state() is not None or _dispatch_depth() != 0):
+        return None
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        refuse_grad(q=q, k=k, v=v)
+    shape = q.shape
+    o = q.new_empty((shape[0], shape[1], shape[2], v.shape[3]))
+    cuda = q.is_cuda
+    _attnkit.attention(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None, causal, causal_offset, None, None,
+                       None, scale, masked_rows, False, to_dlpack(o), layout, threads, backend,
+                       int(torch.cuda.current_stream(q.device).cuda_stream) if cuda else 0,
+                       _allocator(q) if cuda else _refuse_allocation, None)
+    return o
+
+
 def attention(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
               masked_rows, return_lse, out, layout, threads, backend):
     """attnkit.attention's path for torch tensors (arguments already checked and normalised by attnkit.attention)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or mask is not None
                                     or head_sink is not None or out is not None):
         refuse_grad(q=q, k=k, v=v, mask=mask, head_sink=head_sink, out=out)
-    if (mask is None and key_lengths is None and head_sink is None and causal_offsets is None and out is None
-            and not return_lse and type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and q.dim() == 4 and v.dim() == 4 and not torch.compiler.is_compiling()
-            and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0):
-        # The plainest eager call, flat: _attention_impl's steps with nothing optional (most of a tiny call's cost
-        # is this Python; bench/python_call_overhead.py).
-        shape = q.shape
-        o = q.new_empty((shape[0], shape[1], shape[2], v.shape[3]))
-        cuda = q.is_cuda
-        _attnkit.attention(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None, causal, causal_offset, None,
-                           window, softcap, scale, masked_rows, False, to_dlpack(o), layout, threads, backend,
-                           int(torch.cuda.current_stream(q.device).cuda_stream) if cuda else 0,
-                           _allocator(q) if cuda else _refuse_allocation, None)
-        return o
     args = (q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap, scale,
             masked_rows, return_lse, layout, threads, backend)
     if _plain_eager((q, k, v, mask, key_lengths, head_sink, causal_offsets, out)):

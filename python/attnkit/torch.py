@@ -16,6 +16,8 @@ from . import attention
 
 __all__ = ["scaled_dot_product_attention"]
 
+_Tensor = torch.Tensor
+
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
@@ -30,6 +32,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     query heads ``H`` a multiple of key/value heads ``Hkv``, head ``h`` reading ``h // (H // Hkv)``. A query row
     that sees no key gives zeros, as SDPA does. ``dropout_p`` must be 0 (attnkit has no dropout).
     """
+    # The plain call (no mask, 4-D plain tensors) straight into the binding: a tiny call's cost is this Python.
+    if (attn_mask is None and type(query) is _Tensor and dropout_p == 0.0 and (scale is None or type(scale) is float)
+            and query.dim() == 4 and key.dim() == 4 and (enable_gqa or query.shape[1] == key.shape[1])):
+        out = _torch_ops.plain_attention(query, key, value, bool(is_causal), 0 if is_causal else None, scale, "zero",
+                                         "bhsd", None, "auto")
+        if out is not None:
+            return out
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: = {dropout_p}, but attnkit has no dropout (pass dropout_p=0.0, e.g. in eval "
                          "mode)")

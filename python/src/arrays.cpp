@@ -108,7 +108,7 @@ template <typename Array>
 void fill_from(ArrayArg& a, const Array& arr) {
   a.data = const_cast<void*>(static_cast<const void*>(arr.data()));
   a.element = classify(arr.dtype());
-  a.dtype_name = dlpack_dtype_name(arr.dtype());
+  a.dtype = arr.dtype();
   a.element_bytes = (arr.dtype().bits * arr.dtype().lanes + 7) / 8;
   a.device_type = arr.device_type();
   a.device_id = arr.device_id();
@@ -166,6 +166,8 @@ std::int64_t ArrayArg::extent() const {
   return highest + 1;
 }
 
+std::string ArrayArg::dtype_name() const { return bfloat16_view ? "bfloat16" : dlpack_dtype_name(dtype); }
+
 std::string ArrayArg::shape_string() const {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -176,7 +178,8 @@ ArrayArg import_array(nb::handle obj, const std::string& name, bool writable) {
   ArrayArg a;
   a.name = name;
   nb::object numpy;
-  const bool bf16_view = is_numpy_bfloat16(obj, numpy);
+  // (A DLPack capsule, the torch path's way in, is never a NumPy array: no NumPy lookups for it.)
+  const bool bf16_view = !PyCapsule_CheckExact(obj.ptr()) && is_numpy_bfloat16(obj, numpy);
   nb::object source = bf16_view ? obj.attr("view")(numpy.attr("uint16")) : nb::borrow(obj);
 
   // convert = false: an array is taken as it is or refused, never copied.
@@ -194,7 +197,7 @@ ArrayArg import_array(nb::handle obj, const std::string& name, bool writable) {
   }
   if (bf16_view) {
     a.element = Element::bf16;
-    a.dtype_name = "bfloat16";
+    a.bfloat16_view = true;
   }
   return a;
 }
@@ -281,9 +284,16 @@ void require_same_device(const ArrayArg& a, const ArrayArg& b) {
                             .c_str());
 }
 
-void require_element(const ArrayArg& a, Element want, const std::string& why) {
+void require_element(const ArrayArg& a, Element want, const char* why) {
   if (a.element == want) return;
-  throw nb::type_error((a.name + ": dtype " + a.dtype_name + " " + why).c_str());
+  throw nb::type_error((a.name + ": dtype " + a.dtype_name() + " " + why).c_str());
+}
+
+void require_same_element(const ArrayArg& a, const ArrayArg& like, const char* note) {
+  if (a.element == like.element) return;
+  throw nb::type_error((a.name + ": dtype " + a.dtype_name() + " does not match " + like.name + "'s dtype " +
+                        element_name(like.element) + note)
+                           .c_str());
 }
 
 void require_kernel_strides(const ArrayArg& a) {

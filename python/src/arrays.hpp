@@ -29,7 +29,8 @@ struct ArrayArg {
   nb::ndarray<> writable;              // keeps the source alive (outputs)
   void* data = nullptr;                // first element (byte offset applied)
   Element element = Element::other;
-  std::string dtype_name;              // "float32", "int64", "bfloat16", ...
+  nb::dlpack::dtype dtype{};            // as exported (a NumPy bfloat16 array: its uint16 view's)
+  bool bfloat16_view = false;          // a NumPy (ml_dtypes) bfloat16 array, read through a uint16 view
   std::size_t element_bytes = 0;
   int device_type = 1;                 // DLPack device type (1: CPU)
   int device_id = 0;
@@ -41,6 +42,8 @@ struct ArrayArg {
   // ValueError naming the array when it reaches past element 2^63 - 1. Negative strides count as 0 (refused later).
   std::int64_t extent() const;
   std::string shape_string() const;
+  // "float32", "int64", "bfloat16", ...: made only for messages and the GQA binding's type rules.
+  std::string dtype_name() const;
 };
 
 // Imports `obj` without copying. `writable`: the array will be written (read-only sources are refused).
@@ -85,7 +88,10 @@ class CudaDeviceGuard {
 // Throws ValueError when `a` and `b` live on different devices.
 void require_same_device(const ArrayArg& a, const ArrayArg& b);
 // Throws TypeError unless the array holds `want` (`why` completes the message).
-void require_element(const ArrayArg& a, Element want, const std::string& why);
+void require_element(const ArrayArg& a, Element want, const char* why);
+// Throws TypeError unless `a` holds the element type of `like`: "<a>: dtype X does not match <like>'s dtype Y"
+// and `note` (the message is made only when it is thrown).
+void require_same_element(const ArrayArg& a, const ArrayArg& like, const char* note = "");
 // Throws ValueError on a negative stride, a strided innermost dimension or a misaligned pointer.
 void require_kernel_strides(const ArrayArg& a);
 

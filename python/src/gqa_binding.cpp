@@ -34,14 +34,19 @@
 namespace attnkit::python {
 namespace {
 
-std::optional<ElementType> element_type_of(const std::string& dtype_name) {
-  if (dtype_name == "float32") return ElementType::float32;
-  if (dtype_name == "float16") return ElementType::float16;
-  if (dtype_name == "bfloat16") return ElementType::bfloat16;
-  if (dtype_name == "int8") return ElementType::int8;
-  if (dtype_name == "uint8") return ElementType::uint8;
-  if (dtype_name == "int32") return ElementType::int32;
-  if (dtype_name == "int64") return ElementType::int64;
+std::optional<ElementType> element_type_of(const ArrayArg& a) {
+  namespace dl = nb::dlpack;
+  if (a.bfloat16_view) return ElementType::bfloat16;
+  const dl::dtype t = a.dtype;
+  if (t.lanes != 1) return std::nullopt;
+  const auto code = static_cast<dl::dtype_code>(t.code);
+  if (code == dl::dtype_code::Float && t.bits == 32) return ElementType::float32;
+  if (code == dl::dtype_code::Float && t.bits == 16) return ElementType::float16;
+  if (code == dl::dtype_code::Bfloat && t.bits == 16) return ElementType::bfloat16;
+  if (code == dl::dtype_code::Int && t.bits == 8) return ElementType::int8;
+  if (code == dl::dtype_code::UInt && t.bits == 8) return ElementType::uint8;
+  if (code == dl::dtype_code::Int && t.bits == 32) return ElementType::int32;
+  if (code == dl::dtype_code::Int && t.bits == 64) return ElementType::int64;
   return std::nullopt;
 }
 
@@ -82,9 +87,9 @@ void check_placement(const ArrayArg& a, const Placement& p, bool may_be_host) {
 // The rules the binding adds to the op's: an element type the op knows, dense row-major (the op's views have no
 // strides), aligned to its elements.
 ElementType check_array(const ArrayArg& a) {
-  const std::optional<ElementType> t = element_type_of(a.dtype_name);
+  const std::optional<ElementType> t = element_type_of(a);
   if (!t) {
-    throw nb::type_error((a.name + ": dtype " + a.dtype_name +
+    throw nb::type_error((a.name + ": dtype " + a.dtype_name() +
                           " is not supported (float32, float16, bfloat16; int8 / uint8 caches; int32 seqlens_k and "
                           "total_sequence_length; int64 position_ids)")
                              .c_str());
@@ -278,7 +283,7 @@ nb::tuple group_query_attention(nb::sequence input_objs, std::int64_t num_heads,
       check_placement(*out_arrays[i], place, false);
       out_types[i] = check_array(*out_arrays[i]);
       if (out_types[i] != specs[i].type || out_arrays[i]->shape != specs[i].shape) {
-        throw nb::value_error((name + ": was allocated as " + out_arrays[i]->dtype_name + " " +
+        throw nb::value_error((name + ": was allocated as " + out_arrays[i]->dtype_name() + " " +
                                shape_text(out_arrays[i]->shape) + ", not " +
                                std::string(element_type_name(specs[i].type)) + " " + shape_text(specs[i].shape))
                                   .c_str());

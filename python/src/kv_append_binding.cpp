@@ -47,8 +47,7 @@ void append_kv_arrays(nb::handle k_new_obj, nb::handle v_new_obj, nb::handle k_c
   }
   if (k_new.element != Element::f32 && k_new.element != Element::f16 && k_new.element != Element::bf16)
     require_element(k_new, Element::f32, "is not supported: the rows must be float32, float16 or bfloat16");
-  const std::string same = "does not match k_new's dtype " + element_name(k_new.element);
-  for (const ArrayArg* a : {&v_new, &k_cache, &v_cache}) require_element(*a, k_new.element, same);
+  for (const ArrayArg* a : {&v_new, &k_cache, &v_cache}) require_same_element(*a, k_new);
   for (const ArrayArg* a : {&positions, table ? &*table : nullptr, lengths ? &*lengths : nullptr})
     if (a != nullptr) require_element(*a, Element::i32, "is not supported: it must be int32");
   require_rank(k_new, 4, "[batch, new_len, kv_heads, head_dim]");

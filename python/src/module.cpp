@@ -140,15 +140,16 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   if (!head_sink_obj.is_none()) sink = import_array(head_sink_obj, "head_sink", false);
   if (!out_obj.is_none()) out = import_array(out_obj, "out", true);
 
-  std::vector<const ArrayArg*> all{&q, &k, &v};
+  const ArrayArg* all_arrays[8] = {&q, &k, &v};  // (a fixed array: this runs on every call)
+  std::size_t array_count = 3;
   for (auto* o : {&mask, &lengths, &offsets, &sink, &out})
-    if (*o) all.push_back(&**o);
+    if (*o) all_arrays[array_count++] = &**o;
   // The arrays' device picks the backend: CUDA arrays run on the CUDA backend, host arrays on the CPU ones.
   const bool cuda_ok = cuda_usable();
   const Where where = array_location(q, cuda_ok, cuda_built());
-  for (const ArrayArg* a : all) {
-    array_location(*a, cuda_ok, cuda_built());
-    require_same_device(*a, q);
+  for (std::size_t i = 0; i < array_count; ++i) {
+    array_location(*all_arrays[i], cuda_ok, cuda_built());
+    require_same_device(*all_arrays[i], q);
   }
   if (where == Where::cuda) {
     if (config.backend == Backend::Auto) config.backend = Backend::Cuda;
@@ -164,10 +165,10 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
 
   if (q.element != Element::f32 && q.element != Element::f16 && q.element != Element::bf16)
     require_element(q, Element::f32, "is not supported: q, k and v must be float32, float16 or bfloat16");
-  const std::string same = "does not match q's dtype " + element_name(q.element) + " (q, k, v and out share one dtype)";
-  require_element(k, q.element, same);
-  require_element(v, q.element, same);
-  if (out) require_element(*out, q.element, same);
+  constexpr const char* kShared = " (q, k, v and out share one dtype)";
+  require_same_element(k, q, kShared);
+  require_same_element(v, q, kShared);
+  if (out) require_same_element(*out, q, kShared);
   if (mask && mask->element != Element::f16 && mask->element != Element::bf16)
     require_element(*mask, Element::f32,
                     "is not supported: the mask is float32, float16 or bfloat16 (additive, -inf hides a key) or bool");
@@ -212,7 +213,7 @@ nb::tuple attention(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::ha
   if (offsets) require_vector(*offsets, batch, "one causal offset per batch entry");
   if (sink) require_vector(*sink, heads, "one sink logit per query head");
 
-  for (const ArrayArg* a : all) require_kernel_strides(*a);
+  for (std::size_t i = 0; i < array_count; ++i) require_kernel_strides(*all_arrays[i]);
 
   p.batch = batch;
   p.heads = heads;

@@ -63,12 +63,11 @@ Inputs import_inputs(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_q, 
     require_same_device(*a, in.q);
     require_kernel_strides(*a);
   }
-  const std::string same = "does not match q's dtype " + element_name(in.q.element);
   if (in.q.element != Element::f32 && in.q.element != Element::f16 && in.q.element != Element::bf16)
     require_element(in.q, Element::f32, "is not supported: q, k and v must be float32, float16 or bfloat16");
-  require_element(in.k, in.q.element, same);
-  require_element(in.v, in.q.element, same);
-  if (in.out) require_element(*in.out, in.q.element, same);
+  require_same_element(in.k, in.q);
+  require_same_element(in.v, in.q);
+  if (in.out) require_same_element(*in.out, in.q);
   for (auto* o : {&in.cu_q, &in.cu_k, &in.table, &in.lengths})
     if (*o) require_element(**o, Element::i32, "is not supported: it must be int32");
   if (in.sink) require_element(*in.sink, Element::f32, "is not supported: head_sink is float32");

@@ -151,6 +151,33 @@ def test_a_tensor_that_requires_grad_is_refused_by_name():
         attnkit.attention(q, k, v)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(causal=True, causal_offset=2, scale=0.25),
+                                dict(layout="bshd", masked_rows="zero", threads=1)])
+def test_the_plain_eager_path_gives_the_bits_of_the_op_and_of_numpy(kw):
+    # attnkit.attention's plainest torch calls skip the dispatcher and the general checks (_torch_ops.plain_attention):
+    # the same bits as the registered op and as NumPy input, and the binding's own errors.
+    g = torch.Generator().manual_seed(12)
+    q, k, v = _qkv(g, Sq=5, Sk=9)
+    if kw.get("layout") == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # strided views, positions-first
+    got = attnkit.attention(q, k, v, **kw)
+    via_op, _ = torch.ops.attnkit.attention(*_attention_args(q, k, v, **kw))
+    from_numpy = attnkit.attention(q.numpy(), k.numpy(), v.numpy(), **kw)
+    assert type(got) is torch.Tensor and torch.equal(got, via_op)
+    assert np.array_equal(got.numpy(), from_numpy)
+
+
+def test_the_plain_eager_path_keeps_the_binding_errors():
+    g = torch.Generator().manual_seed(13)
+    q, k, v = _qkv(g)
+    with pytest.raises(ValueError, match=r"^causal_offset: is set but causal is False"):
+        attnkit.attention(q, k, v, causal_offset=1)
+    with pytest.raises(TypeError, match=r"^k: dtype float16 does not match q's dtype float32"):
+        attnkit.attention(q, k.half(), v)
+    with pytest.raises(ValueError, match=r"^masked_rows: must be"):
+        attnkit.attention(q, k, v, masked_rows="one")
+
+
 SDPA_CASES = {
     "plain": dict(),
     "causal_square": dict(is_causal=True),
