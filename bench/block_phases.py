@@ -13,8 +13,8 @@ import sys
 
 # What each mark ends (the mark numbers in attention_wgmma.cu / attention_mma.cu).
 NAMES = {
-    "wgmma": ["block coordinates", "barriers, early copies", "row setup", "Q landed", "tile 0 (S, softmax)",
-              "later tiles", "last P V", "finish (normalise, store)", "-"],
+    "wgmma": ["block coordinates", "barriers, early copies", "row setup", "Q landed", "K tile 0 landed",
+              "tile 0 (S, softmax)", "later tiles", "last P V", "finish (normalise, store)"],
     "mma": ["block coordinates", "row setup", "Q and tile 0 landed", "tile 0", "later tiles",
             "finish (normalise, store)", "-", "-", "-"],
 }

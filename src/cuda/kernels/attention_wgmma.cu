@@ -126,7 +126,7 @@ template <class T, int D, class S, bool kPlain, bool kThree, bool kPersistent = 
 __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, S, kThree>())
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-8 below, printed by the first consumer thread
+  ATTNKIT_PHASES_BEGIN()  // block_phases.cuh: marks 1-9 below, printed by the first consumer thread
   extern __shared__ std::uint8_t smem_raw[];
   std::uint8_t* const base = smem_raw + (1024 - sm90::smem_u32(smem_raw) % 1024) % 1024;
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         if (kPersistent && t + 1 == tiles) release(q_empty);  // the next unit's Q may land
         softmax_tile(t, s);
         if (t == 0) {  // (the macro is empty outside phase builds)
-          ATTNKIT_PHASE(5)
+          ATTNKIT_PHASE(6)
         }
         rescale();
         pack_p(s);
@@ -666,7 +666,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::pin(a);
         if (!kPersistent || t + 1 < tiles) release(&v_empty[slot]);  // (persistent: the last after the finish)
       }
-      ATTNKIT_PHASE(6)
+      ATTNKIT_PHASE(7)
     } else {
       // Turns: warpgroup 0 goes first; each turn hands over to the other warpgroup, whose barrier-1 side (warpgroup
       // 1's initial arrive plus one per turn but its last) counts the same as warpgroup 0's turns.
@@ -676,6 +676,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         if (warpgroup == 1) sm90::named_arrive(kTurnBarrier, kConsumerThreads);
         sm90::mbarrier_wait(&k_full[0], 0);
+        ATTNKIT_PHASE(5)
         if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
         sm90::fence();
         issue_qk(0, s);
@@ -687,7 +688,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         release(&k_empty[0]);
         softmax_tile(0, s);
         pack_p(s);
-        ATTNKIT_PHASE(5)
+        ATTNKIT_PHASE(6)
       }
       for (int t = 1; t < tiles; ++t) {
         // This turn: S_t = Q K_tᵀ, then O = alpha O + P_{t-1} V_{t-1}; the softmax of tile t overlaps the latter
@@ -719,7 +720,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         release(&v_empty[(t - 1) % kSlots]);
         pack_p(s);
       }
-      ATTNKIT_PHASE(6)
+      ATTNKIT_PHASE(7)
       if (tiles > 0) {
         rescale();
         prepare_v(tiles - 1);
@@ -733,7 +734,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::pin(a);
       }
     }
-    ATTNKIT_PHASE(7)
+    ATTNKIT_PHASE(8)
     if constexpr (kSumsOnTensorCores) {
       row_sum[0] += sums[0][0];
       row_sum[1] += sums[0][2];
@@ -782,7 +783,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       sm90::mbarrier_wait(q_full, (unit + 1) % 2);
     }
   }
-  ATTNKIT_PHASE(8)
+  ATTNKIT_PHASE(9)
   ATTNKIT_PHASES_PRINT("wgmma", 128)
 #else
   (void)p;
