@@ -112,7 +112,7 @@ TEST(CudaSequences, RaggedBatchesMatchEachSequenceAloneOnEveryKernel) {
 TEST(CudaSequences, PagedKvMatchesEachSequenceAloneOnEveryKernel) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
-  for (std::int64_t page : {1, 3, 16, 64, 128, 256}) {
+  for (std::int64_t page : {1, 3, 8, 16, 32, 64, 128, 256}) {
     for (int variant = 0; variant < 4; ++variant) {
       BatchSpec s;
       s.dtype = variant == 1 ? DType::bf16 : variant == 2 ? DType::f32 : DType::f16;
