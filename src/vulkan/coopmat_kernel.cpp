@@ -1,4 +1,4 @@
-// The cooperative-matrix kernel (shaders/attention_coopmat.comp): float16, 16x16x16 matrices, two passes; its
+// The cooperative-matrix kernel (shaders/attention_coopmat.comp): float16, 16x16x16 matrices, one pass; its
 // emulated build (matrix steps as scalar loops) where the device has no matrices.
 #include "kernels.hpp"
 

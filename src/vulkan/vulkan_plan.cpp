@@ -21,7 +21,7 @@ constexpr std::int64_t kCpuWorkgroups = 16;
 constexpr std::int64_t kCpuLoopIterations = 60000;
 // Workgroups per launch on a CPU device: bounds the loop build's per-thread scratch (64 threads x the arrays).
 constexpr std::int64_t kCpuLaunchGroups = 64;
-// The cooperative-matrix kernel's limits: float16, head dims up to 128 (its tiles live in 32 KiB of shared memory).
+// The cooperative-matrix kernel's limits: float16, head dims up to 128 (its fragments' registers).
 constexpr std::int64_t kCoopMaxHeadDim = 128;
 // Workgroups per launch of the emulated matrix build: bounds its per-thread scratch on a GPU.
 constexpr std::int64_t kEmulatedLaunchGroups = 1024;
@@ -35,6 +35,27 @@ int tile_keys_for(const AttentionProblem& p) {
   return widest <= 64 ? 32 : widest <= 128 ? 16 : 8;
 }
 
+// The cooperative-matrix kernel's shared memory at `tile_keys` keys per tile (shaders/attention_coopmat.comp's
+// regions, in 16-byte units): K and V tiles, 64 rows of float32 scores and float16 probabilities, and Q: staged
+// over the tiles' space in the matrix build (whose rows are padded by one unit), apart in the emulated build.
+std::int64_t coop_shared_bytes(const AttentionProblem& p, std::int64_t tile_keys, bool emulated) {
+  const std::int64_t pad = emulated ? 0 : 1;
+  const std::int64_t q_row = ceil_div(p.head_dim, 16) * 2 + pad, v_row = ceil_div(p.v_head_dim, 16) * 2 + pad;
+  const std::int64_t tiles = tile_keys * (q_row + v_row) + kRowBlock * (tile_keys / 4 + pad + tile_keys / 8 + pad);
+  const std::int64_t units = emulated ? tiles + kRowBlock * q_row : std::max(tiles, kRowBlock * q_row);
+  return 16 * units + (emulated ? 128 * 4 : 0) + 8;
+}
+
+// Keys per tile of the cooperative-matrix kernel: the longest tile that fits the device's shared memory (fewer
+// workgroup barriers per key); 16 in the emulated build, whose per-thread loops stay short.
+int coop_tile_keys(const AttentionProblem& p, const VulkanTraits& device, bool emulated) {
+  if (emulated) return 16;
+  for (const int keys : {64, 32}) {
+    if (coop_shared_bytes(p, keys, false) <= device.shared_memory_bytes) return keys;
+  }
+  return 16;
+}
+
 // Why the cooperative-matrix kernel cannot run `p` on `device` ("" when it can). Without the device's matrices
 // it runs its emulated build (matrix steps as scalar loops: for tests, on lavapipe); with them it needs four
 // 32-lane subgroups per workgroup.
@@ -42,7 +63,9 @@ std::string coop_refusal(const AttentionProblem& p, const VulkanTraits& device) 
   if (p.dtype != DType::f16) return "it runs float16 only";
   if (p.head_dim > kCoopMaxHeadDim || p.v_head_dim > kCoopMaxHeadDim) return "head dims above 128";
   if (device.cooperative_matrix && device.subgroup_size != 32) return "its matrix steps are laid out for 32-lane subgroups";
-  if (device.shared_memory_bytes < 32768) return "the device's shared memory is under 32 KiB";
+  if (coop_shared_bytes(p, 16, !device.cooperative_matrix) > device.shared_memory_bytes) {
+    return "its tiles need more shared memory than the device's " + std::to_string(device.shared_memory_bytes) + " bytes";
+  }
   return "";
 }
 
@@ -103,7 +126,8 @@ VulkanPlan plan_for(const AttentionProblem& p, const VulkanTraits& device, const
     plan.why = "scalar: coopmat not taken, " +
                (refusal.empty() ? std::string("the device offers no float16 cooperative matrices") : refusal);
   }
-  plan.tile_keys = plan.kernel == VulkanPlan::Kernel::CoopMatrix ? 16 : tile_keys_for(p);
+  plan.tile_keys = plan.kernel == VulkanPlan::Kernel::CoopMatrix ? coop_tile_keys(p, device, plan.emulated_matrices)
+                                                                   : tile_keys_for(p);
   plan.unrolled = !device.cpu_device;
   plan.group = p.heads / p.kv_heads;
   plan.row_block = kRowBlock;

@@ -31,12 +31,19 @@ TEST(VulkanPlan, MatrixKernelWhereTheDeviceHasMatrices) {
   EXPECT_NE(describe(f16).find("cooperative matrices"), std::string::npos) << describe(f16);
   const VulkanPlan forced = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(true), {"coopmat", 0});
   EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
-  EXPECT_EQ(forced.tile_keys, 16);
+  EXPECT_EQ(forced.tile_keys, 64);  // 64 dims: 64-key tiles fit 48 KiB of shared memory
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 128, DType::f16), gpu(true)).tile_keys, 32);
+  VulkanTraits small = gpu(true);
+  small.shared_memory_bytes = 32768;
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 64, DType::f16), small).tile_keys, 32);
+  small.shared_memory_bytes = 16384;
+  EXPECT_EQ(plan_for(problem(1, 12, 512, 512, 128, DType::f16), small).kernel, VulkanPlan::Kernel::Rows);
   EXPECT_NE(describe(forced).find("forced"), std::string::npos);
   // Forced on a device without matrices: the emulated build, with its per-thread scratch.
   const VulkanPlan emulated = plan_for(problem(1, 12, 512, 512, 64, DType::f16), gpu(false), {"coopmat", 0});
   EXPECT_EQ(emulated.kernel, VulkanPlan::Kernel::CoopMatrix);
   EXPECT_TRUE(emulated.emulated_matrices);
+  EXPECT_EQ(emulated.tile_keys, 16);
   EXPECT_FALSE(forced.emulated_matrices);
   EXPECT_GE(emulated.thread_scratch_bytes, static_cast<std::uint64_t>(emulated.per_launch * 128 * 32 * 4));
   EXPECT_NE(describe(emulated).find("emulated"), std::string::npos) << describe(emulated);
