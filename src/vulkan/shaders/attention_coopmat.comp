@@ -50,10 +50,10 @@ const int HALF = TK / 2;                 // keys of a tile per thread
 const int SU = TK / 4, PU = TK / 8;      // uvec4s per row of scores (float32), of probabilities (float16)
 
 // Regions of smem, in uvec4s: the K and V tiles, the 64 rows' scores and probabilities; the rows' rescale factors
-// (matrix build, 16 float32 per row) take the scores' place once the scalar step has read them. Q is staged once: over the tiles' space in the matrix build (its
-// fragments then live in registers), apart in the emulated build (whose scores read it every tile). In the matrix
-// build every row is padded by one uvec4, so that the 8 rows a matrix load or store reaches at once fall in
-// different banks (rows of 2^n uvec4s would all start in the same one).
+// (matrix build, 16 float32 per row) take the scores' place once the scalar step has read them. Q is staged once:
+// over the tiles' space in the matrix build (its fragments then live in registers), apart in the emulated build
+// (whose scores read it every tile). In the matrix build every row is padded by one uvec4, so that the 8 rows a
+// matrix load or store reaches at once fall in different banks (rows of 2^n uvec4s would all start in the same one).
 #ifdef EMULATED_MATRICES
 const int PAD = 0;
 #else
