@@ -87,9 +87,11 @@ struct Region {
   bool written;
 };
 
+}  // namespace
+
 // The rules of a K or V storage: a float type has no quantization, a quantized one names its scales, and an
 // int4 tensor's rows start on whole bytes.
-void check_storage(const KvStorage& s, const Layout& l, const std::string& name) {
+void check_storage(const KvStorage& s, const Layout& l, const std::string& name, const std::string& layout_name) {
   const std::string field = name + "_storage";
   ATTNKIT_REQUIRE(s.type == KvType::Float || s.type == KvType::Int8 || s.type == KvType::Int4, field + ".type",
           "must be Float, Int8 or Int4");
@@ -106,8 +108,8 @@ void check_storage(const KvStorage& s, const Layout& l, const std::string& name)
         {"offset", l.offset}, {"batch_stride", l.batch_stride}, {"head_stride", l.head_stride},
         {"row_stride", l.row_stride}};
     for (const auto& [part, value] : parts) {
-      ATTNKIT_REQUIRE(value % 2 == 0, name + "." + part,
-              "must be even for an int4 " + name + " (values are packed two per byte; every row starts on a "
+      ATTNKIT_REQUIRE(value % 2 == 0, layout_name + "." + part,
+              "must be even for an int4 " + layout_name + " (values are packed two per byte; every row starts on a "
               "byte), got " + str(value));
     }
   }
@@ -132,8 +134,6 @@ void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, st
               (quant == KvQuant::PerTensor ? std::string("per-tensor quantization needs 1")
                                            : "per-channel quantization needs kv_heads * dim = " + str(need)));
 }
-
-}  // namespace
 
 // A buffer of `elements` elements of `bits` bits each: no more bytes than an address space holds (so that every
 // byte offset into it, index * element size, fits a signed pointer difference), and every index the layout
@@ -340,8 +340,8 @@ AttentionProblem normalize_and_check(const AttentionProblem& in) {
           "must be float32, float16 or bfloat16");
   ATTNKIT_REQUIRE(p.masked_rows == MaskedRows::Nan || p.masked_rows == MaskedRows::Zero, "masked_rows",
           "must be Nan or Zero, got the value " + str(static_cast<int>(p.masked_rows)));
-  check_storage(p.k_storage, p.k, "k");
-  check_storage(p.v_storage, p.v, "v");
+  check_storage(p.k_storage, p.k, "k", "k");
+  check_storage(p.v_storage, p.v, "v", "v");
   check_sizes(p);
   check_sequences(in, p);
   if (p.sequences.any()) p.causal_offset = 0;  // (per sequence: SequenceAccess)

@@ -42,6 +42,15 @@ void check_buffer(const char* name, const void* data, std::int64_t elements, std
 // Whether two spans of elements of the given bits share a byte (128-bit arithmetic; null or empty: no).
 bool bytes_overlap(const void* a, IndexSpan sa, std::int64_t abits, const void* b, IndexSpan sb, std::int64_t bbits);
 
+// The rules of a K or V storage (fields `name`_storage.type / .quant): a float type has no quantization, a
+// quantized one names its quantization, an int4 tensor's layout (`layout_name`) has even offset and strides (rows
+// start on whole bytes).
+void check_storage(const KvStorage& storage, const Layout& layout, const std::string& name,
+                   const std::string& layout_name);
+// A quantized tensor's float32 scales: present and enough of them (kv_scale_count); none for a float one.
+void check_scales(const char* name, const ConstBuffer& buffer, KvQuant quant, std::int64_t kv_heads,
+                  std::int64_t dim);
+
 // The most CPU worker threads a config may ask for (each gets its own workspace).
 inline constexpr int kMaxThreads = 1024;
 // A config's `threads` (0: all cores) and `backend` (one of the enum's values); `prefix` names the struct.

@@ -20,6 +20,7 @@
 #include "cuda/host/cuda_backend.hpp"
 #include "gqa/cuda/gqa_device.hpp"
 #include "gqa_plan.hpp"
+#include "head_row.hpp"
 #include "output_qk.hpp"
 #include "qk_norm.hpp"
 #include "rotary.hpp"
@@ -69,26 +70,14 @@ std::string describe_call(const gqa::GqaPlan& g, const char* where, std::size_t 
          std::to_string(core_calls) + " core call" + (core_calls > 1 ? "s: " : ": ") + core;
 }
 
-// Widens head row `index` of a token buffer, then applies the RMS norm and rotary when on. The result is
-// rounded to the query's type: Q' and the new K rows are tensors of that type (what a quantized cache
-// quantizes, and what ONNX Runtime's rotary writes).
+// Widens head row `index` of a token buffer, then applies the RMS norm and rotary when on, and rounds to the
+// query's type (gqa/head_row.hpp: the same steps append_kv's rotary takes).
 void prepare_row(const gqa::GqaPlan& g, const void* base, std::int64_t index, const void* norm_weight,
                  std::int64_t position, float* row) {
-  // float32 rows are copied as they are and need no rounding (a prefill rotates tens of thousands of rows: the
-  // per-element type dispatch of the other types cost more than the rotation itself).
-  const bool f32 = g.dtype == DType::f32;
-  if (f32) {
-    std::memcpy(row, static_cast<const float*>(base) + index, static_cast<std::size_t>(g.head_size) * sizeof(float));
-  } else {
-    for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = load_as_float(base, g.dtype, index + d);
-  }
-  if (g.qk_norm) gqa::rms_norm_row(row, g.head_size, norm_weight, g.dtype, g.norm_epsilon);
-  if (g.rotary) {
-    gqa::rotate_row(row, gqa::RotaryTables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved}, position);
-  }
-  if (!f32) {
-    for (std::int64_t d = 0; d < g.head_size; ++d) row[d] = round_to(g.dtype, row[d]);
-  }
+  const gqa::RotaryTables tables{g.cos_cache, g.sin_cache, g.dtype, g.rotary_half, g.interleaved};
+  const gqa::HeadRowSteps steps{g.dtype, g.head_size, g.qk_norm ? norm_weight : nullptr, g.norm_epsilon,
+                                g.rotary ? &tables : nullptr};
+  gqa::prepare_head_row(steps, base, index, position, row);
 }
 
 }  // namespace

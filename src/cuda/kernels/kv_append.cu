@@ -6,8 +6,13 @@
 // (core::append_entry_valid's rule, the block-table entries split among them), so that an entry with any value
 // out of range writes nothing and is reported in the status word; then they copy the rows in 16-byte chunks
 // (or elements, where a row does not start on 16 bytes).
+//
+// With rotary on K or a quantized cache the rows go through the GQA pre-pass's steps instead (gqa_rows.cuh: the
+// same device functions, the CPU's bits): a warp per (row, head, K or V) widens the row into shared memory,
+// rotates K at its position, rounds it to the rows' type and stores it, quantized when the cache is.
 #include "core/kv_append_rows.hpp"
 #include "cuda/host/cuda_backend.hpp"
+#include "gqa/cuda/gqa_rows.cuh"
 
 #include <attnkit/error.hpp>
 
@@ -20,7 +25,9 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 constexpr int kRowsPerBlock = 16;
+constexpr int kMaxDim = 256;
 
 struct AppendParams {
   core::KvAppendGeometry g;
@@ -32,11 +39,17 @@ struct AppendParams {
   unsigned* status;  // (the int32 word, -1 before the launch; atomicMin as unsigned keeps the lowest entry)
   int elem;          // bytes per element
   bool chunks;       // every row of the four tensors starts on 16 bytes and dims are whole chunks
+  // The steps of the GQA pre-pass (transform_kernel only).
+  DeviceCache k_store, v_store;  // type, quantization, scales (data and rows: the layouts above)
+  const void *cos_cache, *sin_cache;
+  std::int64_t rotary_half;  // 0: no rotary
+  bool interleaved;
 };
 
 // The entry's rows in range: the cheap bounds by every thread, the block-table entries split among the threads.
 __device__ bool entry_valid(const AppendParams& p, std::int64_t b, std::int64_t first, std::int64_t rows) {
-  bool ok = rows >= 0 && rows <= p.g.new_len && (rows == 0 || (first >= 0 && first + rows <= p.g.capacity));
+  bool ok = rows >= 0 && rows <= p.g.new_len &&
+            (rows == 0 || (first >= 0 && first + rows <= p.g.capacity && core::append_rotary_in_range(p.g, first, rows)));
   if (ok && rows > 0 && p.g.page_size > 0) {
     const std::int32_t* table = p.block_table + b * p.g.max_pages_per_seq;
     for (std::int64_t j = first / p.g.page_size + threadIdx.x; j <= (first + rows - 1) / p.g.page_size; j += kThreads) {
@@ -86,6 +99,59 @@ __global__ void __launch_bounds__(kThreads) kv_append_kernel(const AppendParams 
   }
 }
 
+// Byte address of value `index` of a cache (int4: an even index, two values per byte).
+__device__ std::byte* cache_value(std::byte* base, const DeviceCache& c, std::int64_t index, int elem) {
+  return base + (c.type == KvType::Int4 ? index / 2 : c.type == KvType::Int8 ? index : index * elem);
+}
+
+// The rows of one block (entry b, rows [r0, r0 + mine)) through the pre-pass's steps: warp w takes items w,
+// w + kWarps, ... of (row, K or V, head).
+template <class T>
+__device__ void transform_rows(const AppendParams& p, std::int64_t b, std::int64_t r0, std::int64_t mine,
+                               std::int64_t first, float* x) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (std::int64_t item = warp; item < mine * 2 * p.kv_heads; item += kWarps) {
+    const std::int64_t r = r0 + item / (2 * p.kv_heads);
+    const bool is_k = item % (2 * p.kv_heads) < p.kv_heads;
+    const std::int64_t h = item % p.kv_heads;
+    const std::int64_t dim = is_k ? p.head_dim : p.v_head_dim;
+    const T* src = reinterpret_cast<const T*>(is_k ? p.k_src : p.v_src) + (is_k ? p.k_new : p.v_new).index(b, h, r);
+    for (std::int64_t d = lane; d < dim; d += 32) x[d] = to_float(src[d]);
+    __syncwarp();
+    const std::int64_t position = first + r;
+    if (is_k && p.rotary_half > 0) {
+      rotate_row_warp(x, static_cast<const T*>(p.cos_cache) + position * p.rotary_half,
+                      static_cast<const T*>(p.sin_cache) + position * p.rotary_half, p.rotary_half, p.interleaved, lane);
+    }
+    // The new K rows are tensors of the rows' type (what a quantized cache quantizes), as in the GQA op.
+    if (is_k) {
+      for (std::int64_t d = lane; d < dim; d += 32) x[d] = round_to<T>(x[d]);
+      __syncwarp();
+    }
+    const core::CacheRow at = core::append_target(p.g, p.block_table, b, position);
+    const DeviceCache& cache = is_k ? p.k_store : p.v_store;
+    std::byte* dst = cache_value(is_k ? p.k_dst : p.v_dst, cache, (is_k ? p.k_cache : p.v_cache).index(at.leading, h, at.row), p.elem);
+    store_cache_row<T>(x, dim, cache, h, dst, lane);
+    __syncwarp();
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) transform_kernel(const AppendParams p) {
+  __shared__ float rows_smem[kWarps][kMaxDim];
+  const std::int64_t blocks_per_entry = (p.g.new_len + kRowsPerBlock - 1) / kRowsPerBlock;
+  const std::int64_t b = blockIdx.x / blocks_per_entry;
+  const std::int64_t r0 = blockIdx.x % blocks_per_entry * kRowsPerBlock;
+  const std::int64_t first = p.positions[b];
+  const std::int64_t rows = p.new_lengths != nullptr ? p.new_lengths[b] : p.g.new_len;
+  if (!entry_valid(p, b, first, rows)) {
+    if (threadIdx.x == 0 && r0 == 0 && p.status != nullptr) atomicMin(p.status, static_cast<unsigned>(b));
+    return;
+  }
+  const std::int64_t mine = rows - r0 < kRowsPerBlock ? rows - r0 : kRowsPerBlock;
+  if (mine > 0) transform_rows<T>(p, b, r0, mine, first, rows_smem[threadIdx.x / 32]);
+}
+
 bool rows_in_chunks(const Layout& l, std::int64_t dim, const void* base, int elem) {
   const std::int64_t m = 16 / elem;
   return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && dim % m == 0 && l.offset % m == 0 &&
@@ -122,12 +188,28 @@ void append_kv(const KvAppendProblem& pr, const KvAppendArgs& a) {
              rows_in_chunks(pr.v_new, pr.v_head_dim, a.v_new.data, p.elem) &&
              rows_in_chunks(pr.k_cache, pr.head_dim, a.k_cache.data, p.elem) &&
              rows_in_chunks(pr.v_cache, pr.v_head_dim, a.v_cache.data, p.elem);
+  p.k_store = DeviceCache{nullptr, pr.k_storage.type, pr.k_storage.quant, 0, 0, static_cast<const float*>(a.k_scale.data)};
+  p.v_store = DeviceCache{nullptr, pr.v_storage.type, pr.v_storage.quant, 0, 0, static_cast<const float*>(a.v_scale.data)};
+  p.cos_cache = a.cos_cache.data;
+  p.sin_cache = a.sin_cache.data;
+  p.rotary_half = pr.rotary_dim / 2;
+  p.interleaved = pr.rotary_interleaved;
+  const bool transform = pr.rotary_dim > 0 || pr.k_storage.type != KvType::Float || pr.v_storage.type != KvType::Float;
   auto stream = static_cast<cudaStream_t>(a.stream);
   if (p.status != nullptr) check(cudaMemsetAsync(p.status, 0xFF, sizeof(std::int32_t), stream), "append_kv's status");
   const std::int64_t blocks = pr.batch * ((pr.new_len + kRowsPerBlock - 1) / kRowsPerBlock);
   if (blocks == 0 || pr.kv_heads == 0) return;
   check(blocks <= 0x7FFFFFFF ? cudaSuccess : cudaErrorInvalidConfiguration, "append_kv's grid (batch * new_len / 16 blocks)");
-  kv_append_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  const auto grid = static_cast<unsigned>(blocks);
+  if (!transform) {
+    kv_append_kernel<<<grid, kThreads, 0, stream>>>(p);
+  } else if (pr.dtype == DType::f32) {
+    transform_kernel<float><<<grid, kThreads, 0, stream>>>(p);
+  } else if (pr.dtype == DType::f16) {
+    transform_kernel<__half><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    transform_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+  }
   check(cudaGetLastError(), "append_kv's launch");
 }
 

@@ -81,31 +81,6 @@ __global__ void __launch_bounds__(kThreads) cache_move_kernel(const CacheMove m)
 
 // ---- the pre-pass ----
 
-// Stores a head row (x in shared memory, H values) into a cache row: rounded to T, or quantized.
-template <class T>
-__device__ void store_cache_row(const float* x, std::int64_t H, const DeviceCache& cache, std::int64_t kv_head,
-                                std::byte* dst, int lane) {
-  auto inverse = [&](std::int64_t d) { return inverse_cache_scale(cache, kv_head, H, d); };
-  switch (cache.type) {
-    case KvType::Float:
-      for (std::int64_t d = lane; d < H; d += 32) reinterpret_cast<T*>(dst)[d] = from_float<T>(x[d]);
-      return;
-    case KvType::Int8:
-      for (std::int64_t d = lane; d < H; d += 32) {
-        reinterpret_cast<std::int8_t*>(dst)[d] =
-            static_cast<std::int8_t>(quantize(x[d], inverse(d), core::kInt8Min, core::kInt8Max));
-      }
-      return;
-    case KvType::Int4:
-      for (std::int64_t j = lane; 2 * j < H; j += 32) {
-        const int even = quantize(x[2 * j], inverse(2 * j), core::kInt4Min, core::kInt4Max);
-        const int odd = 2 * j + 1 < H ? quantize(x[2 * j + 1], inverse(2 * j + 1), core::kInt4Min, core::kInt4Max) : 0;
-        reinterpret_cast<std::uint8_t*>(dst)[j] = core::int4_pack(even, odd);
-      }
-      return;
-  }
-}
-
 // blockIdx.x: a token (b, s). Its rows: Q heads (when q_out), then K heads, then V heads, a warp each.
 template <class T>
 __global__ void __launch_bounds__(kThreads) append_kernel(const AppendStep st) {
@@ -156,31 +131,9 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendStep st) {
     __syncwarp();
     if (prepare && st.rotary) {
       const std::int64_t position = rotary_position(st, br, b, s);
-      const T* cos_row = static_cast<const T*>(st.cos_cache) + position * st.rotary_half;
-      const T* sin_row = static_cast<const T*>(st.sin_cache) + position * st.rotary_half;
-      // (a, b) -> (a cos - b sin, b cos + a sin) for each pair; every lane computes its pairs into registers
-      // first, then writes, so no lane reads a rotated value.
-      float out_a[kPerLane], out_b[kPerLane];
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const std::int64_t i = lane + 32 * k;
-        if (i >= st.rotary_half) continue;
-        const std::int64_t ia = st.interleaved ? 2 * i : i;
-        const std::int64_t ib = st.interleaved ? 2 * i + 1 : i + st.rotary_half;
-        const float c = to_float(cos_row[i]), sn = to_float(sin_row[i]);
-        const float a = x[ia], bb = x[ib];
-        out_a[k] = rotate_first(a, bb, c, sn);
-        out_b[k] = rotate_second(a, bb, c, sn);
-      }
-      __syncwarp();
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const std::int64_t i = lane + 32 * k;
-        if (i >= st.rotary_half) continue;
-        x[st.interleaved ? 2 * i : i] = out_a[k];
-        x[st.interleaved ? 2 * i + 1 : i + st.rotary_half] = out_b[k];
-      }
-      __syncwarp();
+      rotate_row_warp(x, static_cast<const T*>(st.cos_cache) + position * st.rotary_half,
+                      static_cast<const T*>(st.sin_cache) + position * st.rotary_half, st.rotary_half, st.interleaved,
+                      lane);
     }
     // Q' and the new K rows are tensors of the query's type (what a quantized cache quantizes).
     if (prepare) {
