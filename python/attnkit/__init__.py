@@ -483,6 +483,14 @@ def append_kv(
     block_table: Any = None,
     new_lengths: Any = None,
     kv_layout: str = "nhd",
+    cos_cache: Any = None,
+    sin_cache: Any = None,
+    rotary_interleaved: bool = False,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    k_quant_type: str = "NONE",
+    v_quant_type: str = "NONE",
+    kv_cache_bit_width: int = 0,
     backend: str = "auto",
 ) -> None:
     """Writes new K/V rows into paged or dense caches, in place: the cache update of a serving step.
@@ -494,13 +502,23 @@ def append_kv(
     (``kv_layout="nhd"``) or ``[num_pages, Hkv, page_size, D]`` (``"hnd"``), as :func:`attention` reads them:
     position ``p`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``. Without it they are dense,
     ``[B, capacity, Hkv, D]`` (``"nhd"``) or ``[B, Hkv, capacity, D]`` (``"hnd"``). Rows are copied as they are
-    (same dtype: float32, float16 or bfloat16).
+    (same dtype: float32, float16 or bfloat16) unless one of the options below says otherwise; both are the
+    GroupQueryAttention op's (:func:`group_query_attention`: the same arguments, the same bits in the caches).
 
-    Host arrays run on the CPU: a position, new length or page out of range raises ``ValueError`` before anything
-    is written. CUDA arrays run on the current stream and the values are read on the device only (no
-    synchronisation: the call captures in a CUDA graph); an entry with a value out of range writes nothing. torch
-    tensors go through the custom op ``torch.ops.attnkit.append_kv`` (mutating ``k_cache`` and ``v_cache``), so
-    ``torch.compile`` and CUDA graphs capture it.
+    Rotary: ``cos_cache`` / ``sin_cache`` ``[max_position, rotary_dim / 2]`` of the rows' dtype rotate the first
+    ``rotary_dim`` values of each new K row (``rotary_dim <= D``) at its own position ``positions[b] + r``, pairs
+    ``(x[i], x[i + rotary_dim / 2])`` or, with ``rotary_interleaved``, ``(x[2i], x[2i + 1])``; V is not rotated.
+
+    Quantized caches: ``k_quant_type`` / ``v_quant_type`` ``"PER_TENSOR"`` or ``"PER_CHANNEL"`` (``"NONE"``: a
+    cache of the rows' dtype) with ``kv_cache_bit_width`` 8 (an int8 cache) or 4 (a uint8 cache of int4 pairs,
+    last dimension ``(D + 1) // 2`` bytes); ``k_scale`` / ``v_scale`` float32 ``[1]`` or ``[Hkv * D]``, finite and
+    > 0. A value ``x`` is stored as ``clamp(rint(x / scale))``.
+
+    Host arrays run on the CPU: a position, new length or page out of range (or past ``cos_cache``'s rows) raises
+    ``ValueError`` before anything is written. CUDA arrays run on the current stream and the values are read on the
+    device only (no synchronisation: the call captures in a CUDA graph); an entry with a value out of range writes
+    nothing. torch tensors go through the custom op ``torch.ops.attnkit.append_kv`` (mutating ``k_cache`` and
+    ``v_cache``), so ``torch.compile`` and CUDA graphs capture it.
 
     Raises:
         TypeError: an argument is not an array, or has the wrong dtype.
@@ -510,12 +528,19 @@ def append_kv(
         raise ValueError(f"kv_layout: must be 'nhd' or 'hnd', got {kv_layout!r}")
     hnd = kv_layout == "hnd"
     backend = _choice("backend", backend, ("auto", "cpu", "cuda"))
+    interleaved = _int_attribute("rotary_interleaved", rotary_interleaved)
+    if interleaved not in (0, 1):
+        raise ValueError(f"rotary_interleaved: must be a bool (or 0 / 1), got {rotary_interleaved!r}")
+    quant = (_string_attribute("k_quant_type", k_quant_type), _string_attribute("v_quant_type", v_quant_type),
+             _int_attribute("kv_cache_bit_width", kv_cache_bit_width))
     if _is_torch_tensor(k_new):
         ops = _TORCH_OPS or _load_torch_ops()
-        ops.append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
+        ops.append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
+                      bool(interleaved), k_scale, v_scale, *quant, backend)
         return
     _attnkit.append_kv(k_new, v_new, k_cache, v_cache, _index_array(positions), _index_array(block_table),
-                       _index_array(new_lengths), hnd, backend, _current_stream(k_new))
+                       _index_array(new_lengths), hnd, cos_cache, sin_cache, bool(interleaved), k_scale, v_scale,
+                       *quant, backend, _current_stream(k_new))
 
 
 def _int_attribute(name: str, value: Any) -> int:

@@ -64,10 +64,19 @@ def append_kv(
     block_table: Any,
     new_lengths: Any,
     hnd: bool,
+    cos_cache: Any,
+    sin_cache: Any,
+    rotary_interleaved: bool,
+    k_scale: Any,
+    v_scale: Any,
+    k_quant_type: str,
+    v_quant_type: str,
+    kv_cache_bit_width: int,
     backend: str,
     stream: int,
 ) -> None:
-    """New K/V rows into paged or dense caches, in place (host or CUDA arrays); see attnkit.append_kv."""
+    """New K/V rows into paged or dense caches, in place (host or CUDA arrays), optionally rotary on K and int8 /
+    int4 caches; see attnkit.append_kv."""
 
 def available_backends() -> list[str]:
     """Backends this build can run now, e.g. ['cpu', 'reference']."""

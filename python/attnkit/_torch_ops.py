@@ -359,32 +359,46 @@ def _int32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t
 
 
-def _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend) -> None:
+def _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
+                    rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width,
+                    backend) -> None:
     positions, block_table, new_lengths = _int32(positions), _int32(block_table), _int32(new_lengths)
+    optional = [None if t is None else _capsule(t) for t in (block_table, new_lengths, cos_cache, sin_cache, k_scale,
+                                                            v_scale)]
     _attnkit.append_kv(_capsule(k_new), _capsule(v_new), _capsule(k_cache), _capsule(v_cache), _capsule(positions),
-                       None if block_table is None else _capsule(block_table),
-                       None if new_lengths is None else _capsule(new_lengths), hnd, backend, _stream(k_new))
+                       *optional[:2], hnd, *optional[2:4], rotary_interleaved, *optional[4:], k_quant_type,
+                       v_quant_type, kv_cache_bit_width, backend, _stream(k_new))
 
 
 @torch.library.custom_op("attnkit::append_kv", mutates_args=("k_cache", "v_cache"))
 def append_kv_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  positions: torch.Tensor, block_table: Optional[torch.Tensor], new_lengths: Optional[torch.Tensor],
-                 hnd: bool, backend: str) -> None:
-    """attnkit.append_kv: the new rows written into k_cache / v_cache in place."""
-    _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
+                 hnd: bool, cos_cache: Optional[torch.Tensor], sin_cache: Optional[torch.Tensor],
+                 rotary_interleaved: bool, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+                 k_quant_type: str, v_quant_type: str, kv_cache_bit_width: int, backend: str) -> None:
+    """attnkit.append_kv: the new rows (rotary on K, quantized where a cache is) written into k_cache / v_cache in
+    place."""
+    _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
+                    rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width, backend)
 
 
 @append_kv_op.register_fake
-def _append_kv_fake(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend) -> None:
+def _append_kv_fake(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
+                    rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width,
+                    backend) -> None:
     return None
 
 
-def append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd: bool, backend: str) -> None:
+def append_kv(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd: bool, cos_cache, sin_cache,
+              rotary_interleaved: bool, k_scale, v_scale, k_quant_type: str, v_quant_type: str,
+              kv_cache_bit_width: int, backend: str) -> None:
     """attnkit.append_kv's path for torch tensors: the binding directly in plain eager calls, else the custom op
     (torch.compile, export, dispatch modes see a mutation of the two caches)."""
     refuse_grad(k_new=k_new, v_new=v_new)
-    args = (k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, backend)
-    if _plain_eager((k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths)):
+    args = (k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
+            rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width, backend)
+    if _plain_eager((k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, cos_cache, sin_cache,
+                     k_scale, v_scale)):
         _append_kv_impl(*args)
     else:
         append_kv_op(*args)
