@@ -92,6 +92,31 @@ def int32_lengths(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.clamp(-1, _INT32_MAX).to(torch.int32)
 
 
+# ---- the ops' registration ----
+
+# Each op is defined by torch.library's own registration: its schema from the function's annotations
+# (torch.library.infer_schema, as custom_op makes it), the function as its kernel on every device
+# (CompositeExplicitAutograd) and a fake kernel beside it (torch.library.register_fake). custom_op would also put
+# an autograd layer of its own around every call; attnkit has no backward (refuse_grad raises before a kernel runs),
+# and on a small call that layer was half of the time through torch's dispatcher, which is the path compiled and
+# traced code takes (bench/python_call_overhead.py).
+_LIBRARY = torch.library.Library("attnkit", "DEF")
+
+
+def _define_op(name: str, mutates_args: Sequence[str] = ()):
+    """Decorator: defines attnkit::<name> with the function as its kernel; gives back torch.ops.attnkit.<name>, so
+    that a call of the name goes through the dispatcher (what tracing, compiling and dispatch modes see)."""
+    def define(fn):
+        _LIBRARY.define(name + torch.library.infer_schema(fn, mutates_args=tuple(mutates_args)))
+        _LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        return getattr(torch.ops.attnkit, name).default
+    return define
+
+
+def _fake(name: str):
+    return torch.library.register_fake("attnkit::" + name)
+
+
 # ---- attention ----
 
 def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap,
@@ -129,7 +154,7 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     return o, lse
 
 
-@torch.library.custom_op("attnkit::attention", mutates_args=())
+@_define_op("attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                  key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], causal: bool,
                  causal_offset: Optional[int], causal_offsets: Optional[torch.Tensor], window: Optional[int],
@@ -148,7 +173,7 @@ def _out_shape(q: torch.Tensor, v: torch.Tensor, layout: str) -> List[int]:
     return shape
 
 
-@attention_op.register_fake
+@_fake("attention")
 def _attention_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window, softcap,
                     scale, masked_rows, return_lse, layout, threads, backend):
     torch._check(q.dim() == 4, lambda: f"q: must be 4-D, got shape {tuple(q.shape)}")
@@ -159,7 +184,7 @@ def _attention_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     return out, q.new_empty((b, h, s), dtype=torch.float32)
 
 
-@torch.library.custom_op("attnkit::attention_out", mutates_args=("out",))
+@_define_op("attention_out", mutates_args=("out",))
 def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                      key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], causal: bool,
                      causal_offset: Optional[int], causal_offsets: Optional[torch.Tensor], window: Optional[int],
@@ -171,7 +196,7 @@ def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
     return lse if lse is not None else q.new_empty((0,), dtype=torch.float32)
 
 
-@attention_out_op.register_fake
+@_fake("attention_out")
 def _attention_out_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
                         softcap, scale, masked_rows, return_lse, layout, threads, backend, out):
     return _attention_fake(q, k, v, mask, key_lengths, head_sink, causal, causal_offset, causal_offsets, window,
@@ -250,9 +275,8 @@ def _gqa_impl(inputs: Sequence[Optional[torch.Tensor]], total_sequence_length: i
 
 
 # The op's schema lists the inputs one by one (torch.library takes no tuple of optional tensors with names).
-@torch.library.custom_op("attnkit::group_query_attention",
-                         mutates_args=("past_key", "past_value", "output", "present_key", "present_value",
-                                       "output_qk"))
+@_define_op("group_query_attention",
+            mutates_args=("past_key", "past_value", "output", "present_key", "present_value", "output_qk"))
 def gqa_op(query: torch.Tensor, key: Optional[torch.Tensor], value: Optional[torch.Tensor],
            past_key: Optional[torch.Tensor], past_value: Optional[torch.Tensor], seqlens_k: torch.Tensor,
            total_sequence_length: int, cos_cache: Optional[torch.Tensor], sin_cache: Optional[torch.Tensor],
@@ -284,7 +308,7 @@ def _new_cache_format(query: torch.Tensor, quant: str, bit_width: int, head_size
     return query.dtype, head_size
 
 
-@gqa_op.register_fake
+@_fake("group_query_attention")
 def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
               position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, output,
               present_key, present_value, output_qk, in_place_cache, num_heads, kv_num_heads, scale, softcap,
@@ -370,7 +394,7 @@ def _append_kv_impl(k_new, v_new, k_cache, v_cache, positions, block_table, new_
                        v_quant_type, kv_cache_bit_width, backend, _stream(k_new))
 
 
-@torch.library.custom_op("attnkit::append_kv", mutates_args=("k_cache", "v_cache"))
+@_define_op("append_kv", mutates_args=("k_cache", "v_cache"))
 def append_kv_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  positions: torch.Tensor, block_table: Optional[torch.Tensor], new_lengths: Optional[torch.Tensor],
                  hnd: bool, cos_cache: Optional[torch.Tensor], sin_cache: Optional[torch.Tensor],
@@ -382,7 +406,7 @@ def append_kv_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor
                     rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width, backend)
 
 
-@append_kv_op.register_fake
+@_fake("append_kv")
 def _append_kv_fake(k_new, v_new, k_cache, v_cache, positions, block_table, new_lengths, hnd, cos_cache, sin_cache,
                     rotary_interleaved, k_scale, v_scale, k_quant_type, v_quant_type, kv_cache_bit_width,
                     backend) -> None:
@@ -423,7 +447,7 @@ def _sequences_lse_fake(q, cu_q, return_lse):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)  # [B, Sq, H, D]: [B, H, Sq]
 
 
-@torch.library.custom_op("attnkit::attention_sequences", mutates_args=())
+@_define_op("attention_sequences", mutates_args=())
 def sequences_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
                  cu_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                  key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], max_q: int, max_k: int,
@@ -436,7 +460,7 @@ def sequences_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Option
     return o, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
-@sequences_op.register_fake
+@_fake("attention_sequences")
 def _sequences_fake(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window, softcap,
                     scale, masked_zero, return_lse, hnd, threads, backend):
     shape = list(q.shape)
@@ -444,7 +468,7 @@ def _sequences_fake(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, ma
     return q.new_empty(shape), _sequences_lse_fake(q, cu_q, return_lse)
 
 
-@torch.library.custom_op("attnkit::attention_sequences_out", mutates_args=("out",))
+@_define_op("attention_sequences_out", mutates_args=("out",))
 def sequences_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
                      cu_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                      key_lengths: Optional[torch.Tensor], head_sink: Optional[torch.Tensor], max_q: int, max_k: int,
@@ -457,7 +481,7 @@ def sequences_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Op
     return lse if lse is not None else q.new_empty((0,), dtype=torch.float32)
 
 
-@sequences_out_op.register_fake
+@_fake("attention_sequences_out")
 def _sequences_out_fake(q, k, v, cu_q, cu_k, block_table, key_lengths, head_sink, max_q, max_k, causal, window,
                         softcap, scale, masked_zero, return_lse, hnd, threads, backend, out):
     return _sequences_lse_fake(q, cu_q, return_lse)
