@@ -166,9 +166,11 @@ void check_buffers(const KvAppendProblem& p, const KvAppendArgs& a) {
       {"v_scale", a.v_scale.data, scale_span(p.v_storage.quant, p.v_head_dim), 32}};
   for (const auto& [in_name, in, in_span, in_bits] : inputs) {
     for (const auto& [cache_name, cache, cache_span, cache_bits] :
-         {std::tuple{"k_cache", a.k_cache.data, s.k_cache, k_bits}, std::tuple{"v_cache", a.v_cache.data, s.v_cache, v_bits}}) {
+         {std::tuple{"k_cache", a.k_cache.data, s.k_cache, k_bits},
+          std::tuple{"v_cache", a.v_cache.data, s.v_cache, v_bits}}) {
       ATTNKIT_REQUIRE(!rows || !core::bytes_overlap(in, in_span, in_bits, cache, cache_span, cache_bits), in_name,
-                      std::string("overlaps ") + cache_name + ": what append_kv reads must not share memory with the caches");
+                      std::string("overlaps ") + cache_name +
+                          ": what append_kv reads must not share memory with the caches");
     }
   }
 }

@@ -95,8 +95,9 @@ struct GqaAppendCase {
     p.has_new_lengths = ragged;
     k_cache = scatter(k_side, c.past_key_before, p.k_cache);
     v_cache = scatter(v_side, c.past_value_before, p.v_cache);
-    name = std::string(dtype_name(o.dtype)) + (kind == AppendCache::Dense ? " dense" : kind == AppendCache::PagedNhd ? " NHD" : " HND") +
-           " H" + std::to_string(c.H) + (o.rotary ? " rotary/" + std::to_string(2 * c.rot_half) + (o.interleaved ? "i" : "") : "") +
+    const char* cache = kind == AppendCache::Dense ? " dense" : kind == AppendCache::PagedNhd ? " NHD" : " HND";
+    const std::string rotary = o.rotary ? " rotary/" + std::to_string(2 * c.rot_half) + (o.interleaved ? "i" : "") : "";
+    name = std::string(dtype_name(o.dtype)) + cache + " H" + std::to_string(c.H) + rotary +
            " K " + o.k_quant + " V " + o.v_quant + " bits " + std::to_string(o.bits) + (ragged ? " ragged" : "");
   }
 
@@ -144,7 +145,8 @@ struct GqaAppendCase {
 
   std::int64_t values(const AppendSide& side, const std::vector<std::byte>& buf) const {
     const auto n = static_cast<std::int64_t>(buf.size());
-    return side.storage.type == KvType::Int4 ? 2 * n : side.storage.type == KvType::Int8 ? n : n / static_cast<std::int64_t>(es());
+    if (side.storage.type == KvType::Int4) return 2 * n;
+    return side.storage.type == KvType::Int8 ? n : n / static_cast<std::int64_t>(es());
   }
 
   KvAppendArgs args() {

@@ -1,8 +1,8 @@
 // Fuzz target: an append_kv problem (paged or dense cache, layouts, extents biased to the edges of int32 / int64;
 // sometimes rotary on K and int8 / int4 caches, any storage values) and its buffers, allocated at exactly their
 // stated sizes, with positions, new lengths and block-table entries near the edges of the caches, cos / sin rows
-// near the positions, and scales usually valid. The oracles: no sanitizer report, no exception but attnkit::Error, and a rejected
-// call leaves both caches as they were.
+// near the positions, and scales usually valid. The oracles: no sanitizer report, no exception but
+// attnkit::Error, and a rejected call leaves both caches as they were.
 #include "fuzz_support.hpp"
 
 #include <attnkit/kv_append.hpp>
@@ -33,7 +33,8 @@ Arg draw_values(FuzzedDataProvider& in, std::int64_t count, std::int64_t lo, std
 // float32 scales: usually in (0, 1] (the quantized paths run), sometimes whatever the input says.
 Arg draw_scales(FuzzedDataProvider& in, KvQuant quant, std::int64_t kv_heads, std::int64_t dim) {
   if (quant == KvQuant::None && in.ConsumeIntegralInRange<int>(0, 15) != 0) return {};
-  const __int128 count = quant == KvQuant::PerChannel ? static_cast<__int128>(std::max<std::int64_t>(kv_heads, 0)) * std::max<std::int64_t>(dim, 0) : 1;
+  const __int128 channels = static_cast<__int128>(std::max<std::int64_t>(kv_heads, 0)) * std::max<std::int64_t>(dim, 0);
+  const __int128 count = quant == KvQuant::PerChannel ? channels : 1;
   Arg a = draw_arg(in, count > kMaxElements ? kMaxElements : static_cast<std::int64_t>(count), 32);
   if (a.null || a.elements > kMaxElements || in.ConsumeIntegralInRange<int>(0, 7) == 0) return a;
   auto* v = reinterpret_cast<float*>(a.buffer.data());

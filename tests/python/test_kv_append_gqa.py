@@ -152,3 +152,18 @@ def test_torch_eager_and_compiled_equal_numpy(rng, randn):
     k2, v2 = torch.from_numpy(caches[0].copy()), torch.from_numpy(caches[1].copy())
     step(k_new, v_new, k2, v2, positions, options)
     assert torch.equal(k2, kc) and torch.equal(v2, vc)
+
+
+def test_torch_opcheck(rng, randn):
+    """The custom op's schema (mutated caches, optional tables and scales) and fake kernel, by torch's opcheck."""
+    torch = pytest.importorskip("torch")
+    import attnkit.torch  # noqa: F401  (registers the ops)
+
+    x, rot, quant, caches, attrs = _case(rng, randn, "bfloat16", 32, 16, False, "PER_CHANNEL", "PER_TENSOR", 8)
+    t = {k: torch.from_numpy(v.view(np.uint16)).view(torch.bfloat16) if v.dtype.itemsize == 2 else torch.from_numpy(v)
+         for k, v in {**x, **rot}.items()}
+    args = (t["key"].reshape(B, S, NKV, 32), t["value"].reshape(B, S, NKV, 32), torch.from_numpy(caches[0].copy()),
+            torch.from_numpy(caches[1].copy()), torch.from_numpy(LENGTHS - S), None, None, True, t["cos_cache"],
+            t["sin_cache"], False, torch.from_numpy(quant["k_scale"]), torch.from_numpy(quant["v_scale"]),
+            "PER_CHANNEL", "PER_TENSOR", 8, "auto")
+    torch.library.opcheck(torch.ops.attnkit.append_kv.default, args)

@@ -49,7 +49,8 @@ struct AppendParams {
 // The entry's rows in range: the cheap bounds by every thread, the block-table entries split among the threads.
 __device__ bool entry_valid(const AppendParams& p, std::int64_t b, std::int64_t first, std::int64_t rows) {
   bool ok = rows >= 0 && rows <= p.g.new_len &&
-            (rows == 0 || (first >= 0 && first + rows <= p.g.capacity && core::append_rotary_in_range(p.g, first, rows)));
+            (rows == 0 ||
+             (first >= 0 && first + rows <= p.g.capacity && core::append_rotary_in_range(p.g, first, rows)));
   if (ok && rows > 0 && p.g.page_size > 0) {
     const std::int32_t* table = p.block_table + b * p.g.max_pages_per_seq;
     for (std::int64_t j = first / p.g.page_size + threadIdx.x; j <= (first + rows - 1) / p.g.page_size; j += kThreads) {
@@ -120,8 +121,9 @@ __device__ void transform_rows(const AppendParams& p, std::int64_t b, std::int64
     __syncwarp();
     const std::int64_t position = first + r;
     if (is_k && p.rotary_half > 0) {
-      rotate_row_warp(x, static_cast<const T*>(p.cos_cache) + position * p.rotary_half,
-                      static_cast<const T*>(p.sin_cache) + position * p.rotary_half, p.rotary_half, p.interleaved, lane);
+      const std::int64_t at = position * p.rotary_half;
+      rotate_row_warp(x, static_cast<const T*>(p.cos_cache) + at, static_cast<const T*>(p.sin_cache) + at,
+                      p.rotary_half, p.interleaved, lane);
     }
     // The new K rows are tensors of the rows' type (what a quantized cache quantizes), as in the GQA op.
     if (is_k) {
@@ -130,7 +132,8 @@ __device__ void transform_rows(const AppendParams& p, std::int64_t b, std::int64
     }
     const core::CacheRow at = core::append_target(p.g, p.block_table, b, position);
     const DeviceCache& cache = is_k ? p.k_store : p.v_store;
-    std::byte* dst = cache_value(is_k ? p.k_dst : p.v_dst, cache, (is_k ? p.k_cache : p.v_cache).index(at.leading, h, at.row), p.elem);
+    const std::int64_t index = (is_k ? p.k_cache : p.v_cache).index(at.leading, h, at.row);
+    std::byte* dst = cache_value(is_k ? p.k_dst : p.v_dst, cache, index, p.elem);
     store_cache_row<T>(x, dim, cache, h, dst, lane);
     __syncwarp();
   }
@@ -188,8 +191,11 @@ void append_kv(const KvAppendProblem& pr, const KvAppendArgs& a) {
              rows_in_chunks(pr.v_new, pr.v_head_dim, a.v_new.data, p.elem) &&
              rows_in_chunks(pr.k_cache, pr.head_dim, a.k_cache.data, p.elem) &&
              rows_in_chunks(pr.v_cache, pr.v_head_dim, a.v_cache.data, p.elem);
-  p.k_store = DeviceCache{nullptr, pr.k_storage.type, pr.k_storage.quant, 0, 0, static_cast<const float*>(a.k_scale.data)};
-  p.v_store = DeviceCache{nullptr, pr.v_storage.type, pr.v_storage.quant, 0, 0, static_cast<const float*>(a.v_scale.data)};
+  const auto store = [](const KvStorage& s, const ConstBuffer& scales) {
+    return DeviceCache{nullptr, s.type, s.quant, 0, 0, static_cast<const float*>(scales.data)};
+  };
+  p.k_store = store(pr.k_storage, a.k_scale);
+  p.v_store = store(pr.v_storage, a.v_scale);
   p.cos_cache = a.cos_cache.data;
   p.sin_cache = a.sin_cache.data;
   p.rotary_half = pr.rotary_dim / 2;
