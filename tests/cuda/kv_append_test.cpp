@@ -14,26 +14,7 @@ namespace {
 using testing::AppendCase;
 using testing::CacheKind;
 using testing::check;
-
-// A device copy of a host vector, copied back by fetch().
-template <class T>
-struct DeviceVector {
-  T* data = nullptr;
-  std::size_t count = 0;
-  explicit DeviceVector(const std::vector<T>& host) : count(host.size()) {
-    if (cudaMalloc(&data, std::max<std::size_t>(count * sizeof(T), 16)) != cudaSuccess) data = nullptr;
-    if (data != nullptr && count > 0) cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceVector() { cudaFree(data); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  void put(const std::vector<T>& host) { cudaMemcpy(data, host.data(), count * sizeof(T), cudaMemcpyHostToDevice); }
-  std::vector<T> fetch() const {
-    std::vector<T> host(count);
-    cudaMemcpy(host.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return host;
-  }
-};
+using testing::DeviceVector;
 
 // The case's buffers on the device, and its args pointing at them.
 struct DeviceCase {

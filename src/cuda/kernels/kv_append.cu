@@ -76,18 +76,30 @@ __device__ void copy_rows(const AppendParams& p, const Layout& from, const std::
   }
 }
 
-__global__ void __launch_bounds__(kThreads) kv_append_kernel(const AppendParams p) {
+// The rows this block appends: entry b's rows [r0, r0 + mine), the first of them at position `first`.
+struct BlockRows {
+  std::int64_t b, r0, first, mine;
+};
+// This block's rows; false when it has none, or when its entry's device values are out of range (then the
+// entry's first block reports it in status, and no block of it writes).
+__device__ bool block_rows(const AppendParams& p, BlockRows& out) {
   const std::int64_t blocks_per_entry = (p.g.new_len + kRowsPerBlock - 1) / kRowsPerBlock;
-  const std::int64_t b = blockIdx.x / blocks_per_entry;
-  const std::int64_t r0 = blockIdx.x % blocks_per_entry * kRowsPerBlock;
-  const std::int64_t first = p.positions[b];
-  const std::int64_t rows = p.new_lengths != nullptr ? p.new_lengths[b] : p.g.new_len;
-  if (!entry_valid(p, b, first, rows)) {
-    if (threadIdx.x == 0 && r0 == 0 && p.status != nullptr) atomicMin(p.status, static_cast<unsigned>(b));
-    return;
+  out.b = blockIdx.x / blocks_per_entry;
+  out.r0 = blockIdx.x % blocks_per_entry * kRowsPerBlock;
+  out.first = p.positions[out.b];
+  const std::int64_t rows = p.new_lengths != nullptr ? p.new_lengths[out.b] : p.g.new_len;
+  if (!entry_valid(p, out.b, out.first, rows)) {
+    if (threadIdx.x == 0 && out.r0 == 0 && p.status != nullptr) atomicMin(p.status, static_cast<unsigned>(out.b));
+    return false;
   }
-  const std::int64_t mine = rows - r0 < kRowsPerBlock ? rows - r0 : kRowsPerBlock;
-  if (mine <= 0) return;
+  out.mine = rows - out.r0 < kRowsPerBlock ? rows - out.r0 : kRowsPerBlock;
+  return out.mine > 0;
+}
+
+__global__ void __launch_bounds__(kThreads) kv_append_kernel(const AppendParams p) {
+  BlockRows br;
+  if (!block_rows(p, br)) return;
+  const std::int64_t b = br.b, r0 = br.r0, first = br.first, mine = br.mine;
   if (p.chunks) {
     copy_rows<uint4>(p, p.k_new, p.k_src, p.k_cache, p.k_dst, p.head_dim, b, r0, mine, first);
     copy_rows<uint4>(p, p.v_new, p.v_src, p.v_cache, p.v_dst, p.v_head_dim, b, r0, mine, first);
@@ -142,17 +154,8 @@ __device__ void transform_rows(const AppendParams& p, std::int64_t b, std::int64
 template <class T>
 __global__ void __launch_bounds__(kThreads) transform_kernel(const AppendParams p) {
   __shared__ float rows_smem[kWarps][kMaxDim];
-  const std::int64_t blocks_per_entry = (p.g.new_len + kRowsPerBlock - 1) / kRowsPerBlock;
-  const std::int64_t b = blockIdx.x / blocks_per_entry;
-  const std::int64_t r0 = blockIdx.x % blocks_per_entry * kRowsPerBlock;
-  const std::int64_t first = p.positions[b];
-  const std::int64_t rows = p.new_lengths != nullptr ? p.new_lengths[b] : p.g.new_len;
-  if (!entry_valid(p, b, first, rows)) {
-    if (threadIdx.x == 0 && r0 == 0 && p.status != nullptr) atomicMin(p.status, static_cast<unsigned>(b));
-    return;
-  }
-  const std::int64_t mine = rows - r0 < kRowsPerBlock ? rows - r0 : kRowsPerBlock;
-  if (mine > 0) transform_rows<T>(p, b, r0, mine, first, rows_smem[threadIdx.x / 32]);
+  BlockRows br;
+  if (block_rows(p, br)) transform_rows<T>(p, br.b, br.r0, br.mine, br.first, rows_smem[threadIdx.x / 32]);
 }
 
 bool rows_in_chunks(const Layout& l, std::int64_t dim, const void* base, int elem) {
