@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
 #include <random>
 
 namespace attnkit::test {
@@ -18,6 +20,8 @@ namespace {
 using testing::KeyLengths;
 using testing::LayoutKind;
 using testing::MaskKind;
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 // Items of more than 4 rows (the AMX path), head dims around its 32-wide K steps and 16-wide V steps, keys around
 // the 64-key tiles, and every option.
@@ -101,6 +105,60 @@ TEST(Amx, ThreadCountsAndCutCallsKeepTheBits) {
         }
       }
     }
+  }
+}
+
+// A thread's staged copy of a K/V head (4 or more row blocks of it; "off=widened-kv" stages every tile per item)
+// gives the same bytes as staging per item: the tiles are the same absolute key tiles either way. Windows and
+// causal offsets start rows' keys mid-tile, and a V row of inf or NaN that only some rows see is staged as 0 and
+// added back where its weight is not 0: those rows agree too, and every row that cannot see it matches the
+// reference.
+TEST(Amx, TheHeadCopyKeepsTheBits) {
+  if (!cpu::amx::available()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  struct Variant {
+    const char* name;
+    std::int64_t window, offset, length;
+    float bad_v;
+  };
+  const Variant variants[] = {{"plain", 0, -1, 0, 0.0f},       {"window 70", 70, 40, 0, 0.0f},
+                              {"key length 190", 0, -1, 190, 0.0f}, {"causal, V inf at key 150", 0, 40, 0, kInfinity},
+                              {"window 50, V NaN at key 100", 50, 60, 0, std::numeric_limits<float>::quiet_NaN()}};
+  for (const Variant& var : variants) {
+    SCOPED_TRACE(var.name);
+    Manual m(2, 6, 2, 70, 300, 40, 24, DType::bf16);  // 3 x 70 rows per K/V head: 4 row blocks
+    m.randomize(31);
+    m.p.return_lse = true;
+    if (var.offset >= 0) {
+      m.p.causal = true;
+      m.p.causal_offset = var.offset;
+      if (var.window > 0) m.p.window = var.window;
+    }
+    if (var.length > 0) m.add_key_lengths(static_cast<std::int32_t>(var.length));
+    const std::int64_t bad_key = var.bad_v != 0.0f ? (var.window > 0 ? 100 : 150) : -1;
+    if (bad_key >= 0) {
+      for (std::int64_t d = 0; d < 24; ++d) m.set(m.v, m.v_at(1, 0, bad_key, d), var.bad_v);
+    }
+    const auto ref = m.reference();
+    m.run();
+    EXPECT_NE(Attention(m.p).describe().find("staged once per head"), std::string::npos) << Attention(m.p).describe();
+    const std::vector<std::byte> copied = m.o;
+    const std::vector<float> copied_lse = m.lse;
+    m.run(with_overrides("off=widened-kv"));
+    EXPECT_TRUE(m.o == copied) << "the head copy changed the output";
+    EXPECT_EQ(std::memcmp(m.lse.data(), copied_lse.data(), m.lse.size() * sizeof(float)), 0);
+    // Rows that cannot see the bad key (entry 1, K/V head 0's query heads 0-2): finite and within the bound.
+    for (std::int64_t h = 0; h < 3 && bad_key >= 0; ++h) {
+      for (std::int64_t i = 0; i < m.p.q_len; ++i) {
+        const std::int64_t last = i + var.offset, first = var.window > 0 ? last - var.window + 1 : 0;
+        if (bad_key >= first && bad_key <= last) continue;
+        for (std::int64_t d = 0; d < 24; ++d) {
+          const double r = ref.out[static_cast<std::size_t>(((1 * m.p.heads + h) * m.p.q_len + i) * 24 + d)];
+          ASSERT_TRUE(std::isfinite(m.out(1, h, i, d))) << "row " << i << " of head " << h;
+          EXPECT_NEAR(m.out(1, h, i, d), r, 1e-2) << "row " << i << " of head " << h;
+        }
+      }
+    }
+    if (bad_key < 0) EXPECT_LE(m.scaled_error(ref), testing::tolerance(DType::bf16));
   }
 }
 

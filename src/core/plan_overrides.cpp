@@ -36,7 +36,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"prepass-vector", "the GQA op's vector pre-pass kernel (the general one runs)"},
       {"upload-kernel", "the GQA op's small-array upload by kernel parameters (a copy runs)"},
       {"amx", "the CPU's AMX bfloat16 tiles for the tiled kernel's products (its SIMD float32 path runs)"},
-      {"widened-kv", "the tiled kernel's per-thread widened copy of a K/V head (each item widens its own tiles)"},
+      {"widened-kv", "the tiled kernel's per-thread widened (or AMX-staged) copy of a K/V head (each item widens or stages its own tiles)"},
       {"prefetch-v", "the few-rows kernel's prefetch of each tile's V rows while its scores run"},
       {"prefetch-ahead", "the few-rows kernel's prefetch of the next tile's K rows while a tile's scores run"},
       {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items (the SIMD float32 products run)"},

@@ -1,5 +1,6 @@
-// The few-rows kernel's prefetches (few_rows_kernel.cpp and its vdpbf16ps scores, few_rows_bf16.cpp): rows asked
-// for a few keys at a time while a tile's scores run.
+// The CPU kernels' prefetches: the few-rows kernel's (few_rows_kernel.cpp and its vdpbf16ps scores,
+// few_rows_bf16.cpp), rows asked for a few keys at a time while a tile's scores run, and the tiled kernel's, an
+// item's query and output rows asked for when it starts.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +35,23 @@ inline void prefetch_row(const void* row, std::int64_t bytes) {
   const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
   for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
     prefetch_line(reinterpret_cast<const char*>(line));
+}
+
+// One cache line, to be written soon (PREFETCHW: the line arrives owned, so the store does not wait on it).
+inline void prefetch_line_for_write(const char* line) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm volatile("prefetchw %0" : : "m"(*line));
+#else
+  __builtin_prefetch(line, 1, 3);
+#endif
+}
+
+inline void prefetch_row_for_write(const void* row, std::int64_t bytes) {
+  constexpr std::uintptr_t kLine = 64;
+  const auto start = reinterpret_cast<std::uintptr_t>(row);
+  const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
+  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
+    prefetch_line_for_write(reinterpret_cast<const char*>(line));
 }
 
 // The rows [j0, j1) of each list of pf.

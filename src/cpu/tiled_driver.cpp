@@ -108,7 +108,7 @@ void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, c
 }  // namespace
 
 std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
-                            std::int64_t widened_keys, Workspace* ws) {
+                            std::int64_t widened_keys, bool amx, Workspace* ws) {
   std::size_t off = 0;
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
@@ -138,8 +138,13 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.p_pairs = take<std::uint16_t>(base, off, amx::kProbabilityTerms * kKeyTile * kRowBlock);
   w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
   w.amx_bad_keys = take<std::int32_t>(base, off, kKeyTile);
-  w.widened_k = take<float>(base, off, widened_keys * head_dim);
-  w.widened_v = take<float>(base, off, widened_keys * v_head_dim);
+  const std::int64_t float_keys = amx ? 0 : widened_keys, staged_keys = amx ? widened_keys : 0;
+  w.widened_k = take<float>(base, off, float_keys * head_dim);
+  w.widened_v = take<float>(base, off, float_keys * v_head_dim);
+  w.staged_k = take<std::uint16_t>(base, off, staged_keys * dim32);
+  w.staged_vt = take<std::uint16_t>(base, off, staged_keys * dv16);
+  w.staged_bad_keys = take<std::int32_t>(base, off, staged_keys);
+  w.staged_bad_count = take<std::int32_t>(base, off, staged_keys / kKeyTile);
   w.widened_ready = take<std::uint8_t>(base, off, widened_keys / kKeyTile);
   w.widened_for = take<std::int64_t>(base, off, 2);
   if (ws != nullptr) *ws = w;
@@ -198,10 +203,14 @@ std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, cons
   if (overrides.is_off("widened-kv")) return 0;
   const bool k_widened = (p.dtype != DType::f32 || p.k_storage.type != KvType::Float) && !plan.amx && !plan.bf16_dot;
   const bool v_widened = (p.dtype != DType::f32 || p.v_storage.type != KvType::Float) && !plan.amx;
-  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened || !(k_widened || v_widened)) return 0;
+  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened || !(k_widened || v_widened || plan.amx)) {
+    return 0;
+  }
   const std::int64_t keys = ceil_div(std::max<std::int64_t>(p.k_len, 1), kKeyTile) * kKeyTile;
-  const std::int64_t bytes = keys * (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(sizeof(float));
-  return bytes <= kMaxWidenedBytes ? keys : 0;
+  // AMX: bfloat16 K rows and V^T, the dims rounded up to the tiles', and the list of inf / NaN keys.
+  const std::int64_t key_bytes = plan.amx ? (ceil_div(p.head_dim, 32) * 32 + ceil_div(p.v_head_dim, 16) * 16) * 2 + 4
+                                          : (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(sizeof(float));
+  return keys * key_bytes <= kMaxWidenedBytes ? keys : 0;
 }
 }  // namespace
 
@@ -249,7 +258,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.items = p.batch * ceil_div(p.kv_heads, plan.kv_heads_per_item) * plan.row_blocks * plan.splits;
   plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
   plan.widened_keys = widened_keys(p, plan, overrides);
-  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, nullptr);
+  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, plan.amx, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
   plan.scratch_bytes = static_cast<std::size_t>(plan.threads) * plan.workspace_bytes +
                        static_cast<std::size_t>(plan.items) * plan.partial_bytes;
@@ -266,7 +275,7 @@ std::string describe(const TiledPlan& plan) {
   }
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";
-  if (plan.widened_keys > 0) s += ", K/V widened once per head and thread";
+  if (plan.widened_keys > 0) s += plan.amx ? ", K/V staged once per head and thread" : ", K/V widened once per head and thread";
   if (plan.kv_heads_per_item > 1) {
     s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
   }
@@ -284,7 +293,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   auto workspace = [&](int thread) {
     Workspace w{};
     carve_workspace(scratch + static_cast<std::size_t>(thread) * plan.workspace_bytes, p.head_dim, p.v_head_dim,
-                    plan.widened_keys, &w);
+                    plan.widened_keys, plan.amx, &w);
     return w;
   };
   if (plan.widened_keys > 0) {  // no thread holds a head's widened K/V from an earlier call yet

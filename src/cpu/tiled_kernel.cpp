@@ -12,8 +12,10 @@
 #include "../core/online_softmax.hpp"
 #include "../core/score_transform.hpp"
 #include "../core/visibility.hpp"
+#include "amx_staging-inl.h"
 #include "amx_tiles.hpp"
 #include "bf16_dot.hpp"
+#include "row_prefetch.hpp"
 #include "tiled_kernel.hpp"
 #include "tiled_workspace.hpp"
 #include "softmax_exp-inl.h"
@@ -163,126 +165,6 @@ struct ValueStep {
   }
 };
 
-// ---- the AMX products (amx_tiles.hpp): operand staging around them ----
-
-std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
-// Tiles of a problem's key range (TiledPlan::widened_keys / kKeyTile where that is not 0).
-std::int64_t ceil_div_tiles(std::int64_t keys) { return round_up(std::max<std::int64_t>(keys, 1), kKeyTile) / kKeyTile; }
-
-// The item's query row r (bfloat16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot scores).
-void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
-  for (std::int64_t d = 0; d < dim; ++d) w.q_pairs[(d / 2) * kRowBlock * 2 + r * 2 + d % 2] = row[d];
-}
-
-// The tile's K rows as they are; V's rows in key pairs (two rows' values side by side: PromoteTo and a shift
-// keep the columns in order), then transposed into vt. Keys past n are zeros (their P is zero too, and a stale
-// value must not be inf or NaN there). A V value that is inf or NaN goes in as 0 and its key into
-// w.amx_bad_keys (returns how many): on the tiles 0 x inf would be NaN even where P is 0, and a key a row cannot
-// see must not change its output (amx_value_tile adds those values back where P is not 0).
-std::int64_t amx_stage_kv(const ItemJob& job, std::int64_t k0, std::int64_t n) {
-  const AttentionProblem& p = *job.problem;
-  const AttentionArgs& a = *job.args;
-  const Workspace& w = *job.ws;
-  const std::int64_t dim32 = round_up(p.head_dim, 32), dv = p.v_head_dim, dv16 = round_up(dv, 16);
-  const auto* k = static_cast<const std::uint16_t*>(a.k.data);
-  const auto* v = static_cast<const std::uint16_t*>(a.v.data);
-  for (std::int64_t j = 0; j < n; ++j) {
-    const std::uint16_t* krow = k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
-    std::memcpy(w.k_bf16 + j * dim32, krow, static_cast<std::size_t>(p.head_dim) * sizeof(std::uint16_t));
-  }
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<std::uint16_t, decltype(du)> d16;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(du));
-  auto* pairs = reinterpret_cast<std::uint32_t*>(w.tile_pv);  // (free until this tile's P V)
-  const auto exponent = hn::Set(du, 0x7F80u);  // all ones: inf or NaN
-  std::int64_t bad = 0;
-  auto note_bad = [&](std::int64_t j) {
-    if (bad == 0 || w.amx_bad_keys[bad - 1] != j) w.amx_bad_keys[bad++] = static_cast<std::int32_t>(j);
-  };
-  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-    std::uint32_t* out = pairs + jp * dv16;
-    const std::int64_t j = 2 * jp;
-    const std::uint16_t* even = j < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) : nullptr;
-    const std::uint16_t* odd = j + 1 < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j + 1) : nullptr;
-    std::int64_t d = 0;
-    bool even_bad = false, odd_bad = false;
-    for (; d + L <= dv; d += L) {
-      auto lo = even != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, even + d)) : hn::Zero(du);
-      auto hi = odd != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, odd + d)) : hn::Zero(du);
-      const auto lo_bad = hn::Eq(hn::And(lo, exponent), exponent), hi_bad = hn::Eq(hn::And(hi, exponent), exponent);
-      if (!hn::AllFalse(du, hn::Or(lo_bad, hi_bad))) {
-        even_bad |= !hn::AllFalse(du, lo_bad);
-        odd_bad |= !hn::AllFalse(du, hi_bad);
-        lo = hn::IfThenZeroElse(lo_bad, lo);
-        hi = hn::IfThenZeroElse(hi_bad, hi);
-      }
-      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, out + d);
-    }
-    for (; d < dv16; ++d) {
-      std::uint32_t lo = even != nullptr && d < dv ? even[d] : 0u, hi = odd != nullptr && d < dv ? odd[d] : 0u;
-      if ((lo & 0x7F80u) == 0x7F80u) even_bad = true, lo = 0;
-      if ((hi & 0x7F80u) == 0x7F80u) odd_bad = true, hi = 0;
-      out[d] = lo | hi << 16;
-    }
-    if (even_bad) note_bad(j);
-    if (odd_bad) note_bad(j + 1);
-  }
-  amx::transpose_pairs(pairs, dv16, w.vt_bf16);
-  return bad;
-}
-
-// O^T = O^T * alpha + P V for the tile on AMX: P (in st) into key pairs of three bfloat16 terms, the product, the inf or NaN
-// values of V that staging left out added where their key's P is not 0 (a row that sees one gets it, one that
-// does not keeps the bits of a finite V), then the update.
-void amx_value_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::int64_t bad, std::size_t nvec) {
-  const Workspace& w = *job.ws;
-  const std::int64_t dv = job.problem->v_head_dim;
-  const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const std::size_t L = hn::Lanes(df);
-  auto* pairs = reinterpret_cast<std::uint32_t*>(w.p_pairs);
-  const auto high = hn::Set(du, 0xFFFF0000u);
-  constexpr std::int64_t kTermPairs = kKeyTile / 2 * kRowBlock;
-  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-    for (std::size_t v = 0; v < nvec; ++v) {
-      VF even = 2 * jp < n ? hn::Load(df, w.st + 2 * jp * kRowBlock + v * L) : hn::Zero(df);
-      VF odd = 2 * jp + 1 < n ? hn::Load(df, w.st + (2 * jp + 1) * kRowBlock + v * L) : hn::Zero(df);
-      // Each term is the remainder cut to its top bfloat16 bits (exact in float32, as is what is left), so the
-      // three hold all 24 bits of P.
-      for (int term = 0; term < amx::kProbabilityTerms; ++term) {
-        const VF even_term = hn::BitCast(df, hn::And(hn::BitCast(du, even), high));
-        const VF odd_term = hn::BitCast(df, hn::And(hn::BitCast(du, odd), high));
-        hn::Store(hn::Or(hn::ShiftRight<16>(hn::BitCast(du, even_term)), hn::And(hn::BitCast(du, odd_term), high)), du,
-                  pairs + term * kTermPairs + jp * kRowBlock + v * L);
-        even = hn::Sub(even, even_term);
-        odd = hn::Sub(odd, odd_term);
-      }
-    }
-  }
-  amx::values(w.vt_bf16, w.p_pairs, round_up(dv, 16), w.tile_pv);
-  const AttentionProblem& p = *job.problem;
-  for (std::int64_t i = 0; i < bad; ++i) {
-    const std::int64_t j = w.amx_bad_keys[i];
-    float* vrow = w.row;
-    widen_row(static_cast<const char*>(job.args->v.data) +
-                  job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) * static_cast<std::int64_t>(sizeof(std::uint16_t)),
-              p.dtype, dv, vrow);
-    for (std::int64_t d = 0; d < dv; ++d) {
-      if (std::isfinite(vrow[d])) continue;
-      for (std::size_t r = 0; r < nvec * L; ++r) {
-        const float weight = w.st[j * kRowBlock + static_cast<std::int64_t>(r)];
-        if (weight != 0.0f) w.tile_pv[d * kRowBlock + static_cast<std::int64_t>(r)] += weight * vrow[d];
-      }
-    }
-  }
-  for (std::int64_t d = 0; d < dv; ++d) {
-    for (std::size_t v = 0; v < nvec; ++v) {
-      float* o = w.ot + d * kRowBlock + v * L;
-      hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, w.alpha + v * L), hn::Load(df, w.tile_pv + d * kRowBlock + v * L)), df, o);
-    }
-  }
-}
-
 // Tile `tile` of the job's K/V head into the thread's widened copy, unless it is there already (a copy of another
 // head is dropped first). Only keys below the entry's key length are read (past it a ragged or paged entry's rows
 // are not its own).
@@ -312,6 +194,24 @@ void widen_tile_once(const ItemJob& job, std::int64_t tile, bool k_too, bool v_t
   w.widened_ready[tile] = 1;
 }
 
+// w.row = column r of O^T times acc_scale (0: zeros, whatever O^T holds), a vector of dims at a time.
+void gather_output_row(const Workspace& w, std::int64_t r, std::int64_t dv, float acc_scale) {
+  const DF df;
+  const DI di;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  if (acc_scale == 0.0f) {
+    std::fill(w.row, w.row + dv, 0.0f);
+    return;
+  }
+  const auto column = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<std::int32_t>(kRowBlock)));
+  const VF scale = hn::Set(df, acc_scale);
+  std::int64_t d = 0;
+  for (; d + L <= dv; d += L) {
+    hn::StoreU(hn::Mul(hn::GatherIndex(df, w.ot + d * kRowBlock + r, column), scale), df, w.row + d);
+  }
+  for (; d < dv; ++d) w.row[d] = w.ot[d * kRowBlock + r] * acc_scale;
+}
+
 // Normalises the item's rows and writes O (and the LSE): out = acc * acc_scale, or NaN / 0 for a row that
 // saw no key, NaN for a poisoned row.
 void finish_rows(const ItemJob& job) {
@@ -328,12 +228,30 @@ void finish_rows(const ItemJob& job) {
     const core::RowState state{w.max[r], w.sum[r], w.poison[r] != 0.0f};
     const core::RowFinish fin = core::finish_row(state, p.has_head_sink, p.has_head_sink ? sinks[h] : 0.0f,
                                                  p.masked_rows);
-    for (std::int64_t d = 0; d < dv; ++d) {
-      w.row[d] = fin.acc_scale == 0.0f ? 0.0f : w.ot[d * kRowBlock + r] * fin.acc_scale;
-    }
+    gather_output_row(w, r, dv, fin.acc_scale);
     narrow_row(w.row, p.dtype, dv,
                static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * static_cast<std::int64_t>(es));
     if (p.return_lse) static_cast<float*>(a.lse.data)[job.seqs->query_index(p.lse, job.seq, job.b, h, i)] = fin.lse;
+  }
+}
+
+// The item's query rows (read now) and output rows (written at its end, unless it is a split's part). A row of
+// a positions-first tensor is a head's slice of a position, one or two cache lines a few KB from the next row's:
+// read and written one after the other, each waited on memory (a fifth of a BERT-size call in float32).
+void prefetch_item_rows(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::int64_t pair = job.first_row + r;
+    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
+    const std::int64_t i = pair % job.seq.queries;
+    prefetch_row(static_cast<const char*>(a.q.data) + job.seqs->query_index(p.q, job.seq, job.b, h, i) * es,
+                 p.head_dim * es);
+    if (job.partial == nullptr) {
+      prefetch_row_for_write(static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * es,
+                             p.v_head_dim * es);
+    }
   }
 }
 
@@ -356,10 +274,8 @@ void run_item(const ItemJob& job) {
   const bool amx = job.amx;
   const bool bf16_dot = job.bf16_dot;
   if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + round_up(dim, 32) * kRowBlock, 0);  // zeros past dims, rows
-  if (amx) {
-    amx::begin();
-    std::fill(w.k_bf16, w.k_bf16 + kKeyTile * round_up(dim, 32), 0);
-  }
+  if (amx) amx::begin();
+  prefetch_item_rows(job);
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
   std::int64_t union_begin = job.key_end;
   std::int64_t union_end = job.key_begin;
@@ -386,12 +302,15 @@ void run_item(const ItemJob& job) {
       union_end = std::max(union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
-    if (amx || bf16_dot) stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
+    if (amx || bf16_dot) {  // (the scores read the pairs; qt is not used)
+      stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
+      continue;
+    }
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
   }
-  for (std::int64_t r = rows; r < lanes_used; ++r)
+  for (std::int64_t r = rows; r < lanes_used && !(amx || bf16_dot); ++r)
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = 0.0f;
 
   const VF neg_inf = hn::Set(df, core::kNegInf);
@@ -418,15 +337,18 @@ void run_item(const ItemJob& job) {
   const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
 
   const std::int64_t first_tile = union_begin < union_end ? union_begin / kKeyTile * kKeyTile : union_end;
+  // The AMX products take whole tiles (amx_staging-inl.h): keys before a row's first visible one are hidden like
+  // any other.
+  const std::int64_t amx_keys_end = std::min(key_length, job.key_end);
   for (std::int64_t t0 = first_tile; t0 < union_end; t0 += kKeyTile) {
-    const std::int64_t k0 = std::max(t0, union_begin);
-    const std::int64_t k1 = std::min(t0 + kKeyTile, union_end);
+    const std::int64_t k0 = amx ? t0 : std::max(t0, union_begin);
+    const std::int64_t k1 = std::min(t0 + kKeyTile, amx ? amx_keys_end : union_end);
     const std::int64_t n = k1 - k0;
     bool all_visible = true;
     for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
 
-    const std::int64_t amx_bad = amx ? amx_stage_kv(job, k0, n) : 0;
-    if (job.widened) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
+    const AmxTile amx_operands = amx ? amx_tile(job, k0, n) : AmxTile{};
+    if (job.widened && !amx) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
       const bool k_copy = !k_in_place && !bf16_dot, v_copy = !v_in_place;
       widen_tile_once(job, t0 / kKeyTile, k_copy, v_copy);
       for (std::int64_t j = 0; j < n; ++j) {
@@ -466,7 +388,7 @@ void run_item(const ItemJob& job) {
     }
 
     if (amx) {
-      amx::scores(w.k_bf16, w.q_pairs, round_up(dim, 32), w.st);
+      amx::scores(amx_operands.k, w.q_pairs, round_up(dim, 32), w.st);
     } else if (bf16_dot) {
       bf16_dot::scores(w.q_pairs, dim, w.kbits, n, lanes_used, w.st);
     } else {
@@ -521,12 +443,21 @@ void run_item(const ItemJob& job) {
       const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
       const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
       VF tile_sum = hn::Zero(df);
-      for (std::int64_t j = 0; j < n; ++j) {
+      auto probability = [&](std::int64_t j) {
         float* s = w.st + j * kRowBlock + v * L;
-        const VF x = hn::Sub(hn::Load(df, s), use_max);
-        const VF e = exp_of_nonpositive(df, x);
+        const VF e = exp_of_nonpositive(df, hn::Sub(hn::Load(df, s), use_max));
         tile_sum = hn::Add(tile_sum, e);
         hn::Store(e, df, s);
+        return e;
+      };
+      if (amx) {  // P into the value product's operand too, two keys at a time (zeros past the tile's keys)
+        for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+          const VF even = 2 * jp < n ? probability(2 * jp) : hn::Zero(df);
+          const VF odd = 2 * jp + 1 < n ? probability(2 * jp + 1) : hn::Zero(df);
+          store_probability_terms(df, w, jp, v, even, odd);
+        }
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) probability(j);
       }
       hn::Store(new_max, df, w.max + v * L);
       hn::Store(hn::MulAdd(hn::Load(df, w.sum + v * L), alpha, tile_sum), df, w.sum + v * L);
@@ -534,7 +465,7 @@ void run_item(const ItemJob& job) {
     }
 
     if (amx) {
-      amx_value_tile(job, k0, n, amx_bad, nvec);
+      amx_value_tile(job, amx_operands, k0, nvec);
       continue;
     }
     ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};

@@ -40,18 +40,23 @@ struct Workspace {
   std::uint16_t* p_pairs;  // [3 terms][kKeyTile / 2][kRowBlock][2]
   float* tile_pv;          // [dv16][kRowBlock]: one tile's P V
   std::int32_t* amx_bad_keys;  // [kKeyTile]: the tile's keys whose V holds inf or NaN
-  // The widened K/V of one K/V head (TiledPlan::widened_keys > 0): the keys of the items of one (b, kvh) are
-  // widened (or dequantized) once per thread, not once per row block. Key j's rows at [j][head_dim] and
-  // [j][v_head_dim]; tile t of it is there once widened_ready[t] is set; widened_for names the (b, kvh) held.
-  float* widened_k;               // [widened_keys][head_dim]
+  // The thread's copy of one K/V head (TiledPlan::widened_keys > 0): the keys of the items of one (b, kvh) are
+  // widened (or dequantized), or staged for the AMX products, once per thread, not once per row block. Tile t of
+  // it is there once widened_ready[t] is set; widened_for names the (b, kvh) held.
+  float* widened_k;               // [widened_keys][head_dim]: key j's row at j (not AMX)
   float* widened_v;               // [widened_keys][v_head_dim]
+  std::uint16_t* staged_k;        // AMX: [widened_keys][dim32], tile t's K rows from t * kKeyTile
+  std::uint16_t* staged_vt;       // AMX: [widened_keys / kKeyTile][dv16][kKeyTile], tile t's V^T
+  std::int32_t* staged_bad_keys;  // AMX: [widened_keys / kKeyTile][kKeyTile], tile t's keys whose V is inf or NaN
+  std::int32_t* staged_bad_count; // AMX: [widened_keys / kKeyTile], how many
   std::uint8_t* widened_ready;    // [widened_keys / kKeyTile]
   std::int64_t* widened_for;      // [2]: b, kvh (-1: nothing held)
 };
 
-// Lays a workspace out from `base` (null: only measure) and returns its size in bytes.
+// Lays a workspace out from `base` (null: only measure) and returns its size in bytes. `amx`: the head copy
+// (widened_keys of it) holds the AMX products' staged operands rather than float32 rows.
 std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
-                            std::int64_t widened_keys, Workspace* ws);
+                            std::int64_t widened_keys, bool amx, Workspace* ws);
 
 // Partial state of one item of a split problem: [lane] max, sum, poison, then [v_head_dim][lane] accumulator.
 std::size_t partial_floats(std::int64_t v_head_dim);

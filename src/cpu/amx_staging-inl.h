@@ -1,0 +1,201 @@
+// The tiled kernel's operand staging around its AMX products (amx_tiles.hpp has the layouts): Q rows into pairs,
+// a key tile's K rows and V transposed in key pairs, and P as three bfloat16 terms. Included once per Highway
+// target by tiled_kernel.cpp (the per-target include guard below).
+//
+// Key tiles are absolute (keys [t * kKeyTile, (t + 1) * kKeyTile) of the entry, cut at its key length and the
+// item's key range): every row block of a K/V head stages the same tiles, so a thread may keep a head's staged
+// tiles for the row blocks it runs of that head (TiledPlan::widened_keys with TiledPlan::amx), and the products
+// of a key do not depend on where a row block's visible keys begin.
+#if defined(ATTNKIT_CPU_AMX_STAGING_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTNKIT_CPU_AMX_STAGING_INL_H_
+#undef ATTNKIT_CPU_AMX_STAGING_INL_H_
+#else
+#define ATTNKIT_CPU_AMX_STAGING_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include "amx_tiles.hpp"
+#include "tiled_workspace.hpp"
+#include "widen-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+HWY_BEFORE_NAMESPACE();
+namespace attnkit::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+inline std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+// Tiles of a problem's key range (TiledPlan::widened_keys / kKeyTile where that is not 0).
+inline std::int64_t ceil_div_tiles(std::int64_t keys) {
+  return round_up(std::max<std::int64_t>(keys, 1), kKeyTile) / kKeyTile;
+}
+
+// The item's query row r (bfloat16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot scores):
+// dims 2d and 2d + 1 are one 32-bit word of the pairs, at [d][r]. An odd dim's last value pairs with a 0.
+inline void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.q_pairs);
+  std::int64_t d = 0;
+  for (; d + 2 <= dim; d += 2) {
+    std::uint32_t word;
+    std::memcpy(&word, row + d, sizeof(word));
+    pairs[(d / 2) * kRowBlock + r] = word;
+  }
+  if (d < dim) pairs[(d / 2) * kRowBlock + r] = row[d];
+}
+
+// Where one key tile's staged operands are: K rows [kKeyTile][dim32], V^T [dv16][kKeyTile], and the tile's keys
+// whose V holds inf or NaN (staged as 0, added back by amx_value_tile).
+struct AmxTile {
+  const std::uint16_t* k;
+  const std::uint16_t* vt;
+  const std::int32_t* bad_keys;
+  std::int64_t bad = 0;
+};
+
+// Keys [k0, k0 + n) of the job's K/V head into k_dst and vt_dst (rows and columns past the keys and dims are
+// zeros: their P is zero, and a stale value must not be inf or NaN there, nor a padding dim of K). A V value
+// that is inf or NaN goes in as 0 and its key (relative to k0) into bad_dst; returns how many: on the tiles
+// 0 x inf would be NaN even where P is 0, and a key a row cannot see must not change its output.
+inline std::int64_t stage_amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::uint16_t* k_dst,
+                                   std::uint16_t* vt_dst, std::int32_t* bad_dst) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const std::int64_t dim = p.head_dim, dim32 = round_up(dim, 32), dv = p.v_head_dim, dv16 = round_up(dv, 16);
+  const auto* k = static_cast<const std::uint16_t*>(a.k.data);
+  const auto* v = static_cast<const std::uint16_t*>(a.v.data);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::uint16_t* krow = k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
+    std::memcpy(k_dst + j * dim32, krow, static_cast<std::size_t>(dim) * sizeof(std::uint16_t));
+    std::fill(k_dst + j * dim32 + dim, k_dst + (j + 1) * dim32, std::uint16_t{0});
+  }
+  std::fill(k_dst + n * dim32, k_dst + kKeyTile * dim32, std::uint16_t{0});
+
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(du));
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.tile_pv);  // (free until this tile's P V)
+  const auto exponent = hn::Set(du, 0x7F80u);                  // all ones: inf or NaN
+  std::int64_t bad = 0;
+  auto note_bad = [&](std::int64_t j) {
+    if (bad == 0 || bad_dst[bad - 1] != j) bad_dst[bad++] = static_cast<std::int32_t>(j);
+  };
+  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+    std::uint32_t* out = pairs + jp * dv16;
+    const std::int64_t j = 2 * jp;
+    const std::uint16_t* even = j < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) : nullptr;
+    const std::uint16_t* odd = j + 1 < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j + 1) : nullptr;
+    std::int64_t d = 0;
+    bool even_bad = false, odd_bad = false;
+    // Two rows' values side by side: PromoteTo and a shift keep the columns in order.
+    for (; d + L <= dv; d += L) {
+      auto lo = even != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, even + d)) : hn::Zero(du);
+      auto hi = odd != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, odd + d)) : hn::Zero(du);
+      const auto lo_bad = hn::Eq(hn::And(lo, exponent), exponent), hi_bad = hn::Eq(hn::And(hi, exponent), exponent);
+      if (!hn::AllFalse(du, hn::Or(lo_bad, hi_bad))) {
+        even_bad |= !hn::AllFalse(du, lo_bad);
+        odd_bad |= !hn::AllFalse(du, hi_bad);
+        lo = hn::IfThenZeroElse(lo_bad, lo);
+        hi = hn::IfThenZeroElse(hi_bad, hi);
+      }
+      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, out + d);
+    }
+    for (; d < dv16; ++d) {
+      std::uint32_t lo = even != nullptr && d < dv ? even[d] : 0u, hi = odd != nullptr && d < dv ? odd[d] : 0u;
+      if ((lo & 0x7F80u) == 0x7F80u) even_bad = true, lo = 0;
+      if ((hi & 0x7F80u) == 0x7F80u) odd_bad = true, hi = 0;
+      out[d] = lo | hi << 16;
+    }
+    if (even_bad) note_bad(j);
+    if (odd_bad) note_bad(j + 1);
+  }
+  amx::transpose_pairs(pairs, dv16, vt_dst);
+  return bad;
+}
+
+// The staged operands of the key tile that starts at k0 (a multiple of kKeyTile) with n keys: from the thread's
+// copy of the head (staged there the first time a row block of the head asks for it; a copy of another head is
+// dropped first), or staged now into the item's own buffers.
+inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
+  const AttentionProblem& p = *job.problem;
+  const Workspace& w = *job.ws;
+  const std::int64_t dim32 = round_up(p.head_dim, 32), dv16 = round_up(p.v_head_dim, 16);
+  if (!job.widened) {
+    const std::int64_t bad = stage_amx_tile(job, k0, n, w.k_bf16, w.vt_bf16, w.amx_bad_keys);
+    return {w.k_bf16, w.vt_bf16, w.amx_bad_keys, bad};
+  }
+  if (w.widened_for[0] != job.b || w.widened_for[1] != job.kvh) {
+    std::fill(w.widened_ready, w.widened_ready + ceil_div_tiles(p.k_len), std::uint8_t{0});
+    w.widened_for[0] = job.b;
+    w.widened_for[1] = job.kvh;
+  }
+  const std::int64_t t = k0 / kKeyTile;
+  std::uint16_t* k = w.staged_k + t * kKeyTile * dim32;
+  std::uint16_t* vt = w.staged_vt + t * kKeyTile * dv16;
+  std::int32_t* bad_keys = w.staged_bad_keys + t * kKeyTile;
+  if (w.widened_ready[t] == 0) {
+    w.staged_bad_count[t] = static_cast<std::int32_t>(stage_amx_tile(job, k0, n, k, vt, bad_keys));
+    w.widened_ready[t] = 1;
+  }
+  return {k, vt, bad_keys, w.staged_bad_count[t]};
+}
+
+// Keys 2 jp and 2 jp + 1's probabilities of query vector v (even, odd: float32) into the P pairs operand, as three
+// bfloat16 terms each: each term is the remainder cut to its top bfloat16 bits (exact in float32, as is what is
+// left), so the three hold all 24 bits of P.
+template <class DF, class VF = hn::Vec<DF>>
+HWY_INLINE void store_probability_terms(DF df, const Workspace& w, std::int64_t jp, std::size_t v, VF even, VF odd) {
+  const hn::RebindToUnsigned<DF> du;
+  const std::size_t L = hn::Lanes(df);
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.p_pairs);
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  constexpr std::int64_t kTermPairs = kKeyTile / 2 * kRowBlock;
+  for (int term = 0; term < amx::kProbabilityTerms; ++term) {
+    const VF even_term = hn::BitCast(df, hn::And(hn::BitCast(du, even), high));
+    const VF odd_term = hn::BitCast(df, hn::And(hn::BitCast(du, odd), high));
+    hn::Store(hn::Or(hn::ShiftRight<16>(hn::BitCast(du, even_term)), hn::And(hn::BitCast(du, odd_term), high)), du,
+              pairs + term * kTermPairs + jp * kRowBlock + v * L);
+    even = hn::Sub(even, even_term);
+    odd = hn::Sub(odd, odd_term);
+  }
+}
+
+// O^T = O^T * alpha + P V for the tile on AMX (P already in w.p_pairs, and as float32 in w.st): the product, the
+// inf or NaN values of V that staging left out added where their key's P is not 0 (a row that sees one gets it,
+// one that does not keeps the bits of a finite V), then the update.
+inline void amx_value_tile(const ItemJob& job, const AmxTile& tile, std::int64_t k0, std::size_t nvec) {
+  const AttentionProblem& p = *job.problem;
+  const Workspace& w = *job.ws;
+  const std::int64_t dv = p.v_head_dim;
+  const hn::ScalableTag<float> df;
+  const std::size_t L = hn::Lanes(df);
+  amx::values(tile.vt, w.p_pairs, round_up(dv, 16), w.tile_pv);
+  for (std::int64_t i = 0; i < tile.bad; ++i) {
+    const std::int64_t j = tile.bad_keys[i];
+    float* vrow = w.row;
+    widen_row(static_cast<const char*>(job.args->v.data) +
+                  job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) * static_cast<std::int64_t>(sizeof(std::uint16_t)),
+              p.dtype, dv, vrow);
+    for (std::int64_t d = 0; d < dv; ++d) {
+      if (std::isfinite(vrow[d])) continue;
+      for (std::size_t r = 0; r < nvec * L; ++r) {
+        const float weight = w.st[j * kRowBlock + static_cast<std::int64_t>(r)];
+        if (weight != 0.0f) w.tile_pv[d * kRowBlock + static_cast<std::int64_t>(r)] += weight * vrow[d];
+      }
+    }
+  }
+  for (std::int64_t d = 0; d < dv; ++d) {
+    for (std::size_t v = 0; v < nvec; ++v) {
+      float* o = w.ot + d * kRowBlock + v * L;
+      hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, w.alpha + v * L), hn::Load(df, w.tile_pv + d * kRowBlock + v * L)), df, o);
+    }
+  }
+}
+
+}  // namespace attnkit::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
