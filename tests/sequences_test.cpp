@@ -5,6 +5,8 @@
 // reference of the dense sequence; the Reference backend must give the dense Reference backend's bits.
 #include "sequences_batch.hpp"
 
+#include <cpu/amx_tiles.hpp>
+
 namespace attnkit {
 namespace {
 
@@ -102,21 +104,27 @@ TEST(Sequences, QuantizedPages) {
 
 // The tiled kernel's per-thread widened copy of a K/V head ("K/V widened once" in the plan): it reads only each
 // entry's own keys (ragged keys end where the entry's do, pages past its length are not its own) and gives the
-// bits of items that widen their own tiles ("off=widened-kv"), in float16 and bfloat16, int8 and int4 pages.
+// bits of items that widen their own tiles ("off=widened-kv"), in float16 and bfloat16, int8 and int4 pages, and
+// float32 (ragged and paged rows are apart: copied), and on an AMX CPU bfloat16's staged tiles ("staged once").
 TEST(Sequences, WidenedHeadCopyKeepsTheBits) {
   std::mt19937 rng(19);
-  for (int variant = 0; variant < 5; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     BatchSpec s;
-    s.dtype = variant == 1 ? DType::bf16 : DType::f16;
+    s.dtype = variant == 1 || variant == 7 ? DType::bf16 : variant >= 5 ? DType::f32 : DType::f16;
     s.q_lens = random_lengths(rng, 4, 200);
     s.k_lens = random_lengths(rng, 4, 300);
     s.causal = variant != 2;
-    if (variant >= 2) s.page_size = 16, s.ragged_k = false;  // paged: float, then int8 and int4 pages
+    if (variant >= 2 && variant != 5) s.page_size = 16, s.ragged_k = false;  // paged: float, then int8 and int4 pages
     if (variant == 3) s.kv_type = KvType::Int8, s.kv_quant = KvQuant::PerChannel;
     if (variant == 4) s.kv_type = KvType::Int4, s.kv_quant = KvQuant::PerTensor;
     SCOPED_TRACE("variant " + std::to_string(variant));
     const Batch b(s, 60 + variant);
-    // (bfloat16 on an AMX CPU takes AMX tiles, which read K/V in place: off there, so the copy runs everywhere)
+    if (variant == 7) {
+      if (!cpu::amx::available()) continue;
+      expect_feature_keeps_the_bits(b, s, "widened-kv", "staged once");
+      continue;
+    }
+    // (bfloat16 on an AMX CPU takes AMX tiles, which stage their own copy: off there, so the float32 copy runs)
     expect_feature_keeps_the_bits(b, s, "widened-kv", "widened once", s.dtype == DType::bf16 ? "amx" : "");
   }
 }

@@ -73,6 +73,8 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.amx = plan.amx;
   job.bf16_dot = plan.bf16_dot;
   job.widened = plan.widened_keys > 0;
+  job.widened_k = job.widened && plan.widened_k;
+  job.widened_v = job.widened && plan.widened_v;
   job.prefetch_v = plan.prefetch_v;
   job.prefetch_ahead = plan.prefetch_ahead;
   return job;
@@ -199,11 +201,23 @@ std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan,
 namespace {
 constexpr std::int64_t kMaxWidenedBytes = std::int64_t{4} << 20;
 constexpr std::int64_t kMinRowBlocksForWidened = 4;
+// Whether a float32 K or V row is read from a copy rather than in place: where the tensor's rows are apart (a
+// positions-first [B, S, H, D] tensor: one row per few KB, so a head's tiles touch one page per key and the TLB
+// misses on every tile), a contiguous copy of the head is read faster. The same floats either way.
+bool copies_strided(const Layout& l, std::int64_t dim) { return l.row_stride != dim; }
+
+// Which of K and V the thread's copy of a head holds, in float32 (widened, dequantized or copied).
+void plan_widened_rows(const AttentionProblem& p, TiledPlan& plan) {
+  const bool f32 = p.dtype == DType::f32;
+  plan.widened_k = !plan.amx && !plan.bf16_dot &&
+                   (!f32 || p.k_storage.type != KvType::Float || copies_strided(p.k, p.head_dim));
+  plan.widened_v = !plan.amx && (!f32 || p.v_storage.type != KvType::Float || copies_strided(p.v, p.v_head_dim));
+}
+
 std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, const PlanOverrides& overrides) {
   if (overrides.is_off("widened-kv")) return 0;
-  const bool k_widened = (p.dtype != DType::f32 || p.k_storage.type != KvType::Float) && !plan.amx && !plan.bf16_dot;
-  const bool v_widened = (p.dtype != DType::f32 || p.v_storage.type != KvType::Float) && !plan.amx;
-  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened || !(k_widened || v_widened || plan.amx)) {
+  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened ||
+      !(plan.widened_k || plan.widened_v || plan.amx)) {
     return 0;
   }
   const std::int64_t keys = ceil_div(std::max<std::int64_t>(p.k_len, 1), kKeyTile) * kKeyTile;
@@ -257,6 +271,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.kv_heads_per_item = kv_heads_per_item(p, plan, base_items, threads);
   plan.items = p.batch * ceil_div(p.kv_heads, plan.kv_heads_per_item) * plan.row_blocks * plan.splits;
   plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
+  plan_widened_rows(p, plan);
   plan.widened_keys = widened_keys(p, plan, overrides);
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, plan.amx, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;

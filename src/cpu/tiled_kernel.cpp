@@ -349,7 +349,7 @@ void run_item(const ItemJob& job) {
 
     const AmxTile amx_operands = amx ? amx_tile(job, k0, n) : AmxTile{};
     if (job.widened && !amx) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
-      const bool k_copy = !k_in_place && !bf16_dot, v_copy = !v_in_place;
+      const bool k_copy = job.widened_k, v_copy = job.widened_v;
       widen_tile_once(job, t0 / kKeyTile, k_copy, v_copy);
       for (std::int64_t j = 0; j < n; ++j) {
         const std::int64_t key = k0 + j;

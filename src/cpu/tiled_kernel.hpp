@@ -49,9 +49,11 @@ struct TiledPlan {
   // streaming decode waiting on its loads.
   bool prefetch_v = false;
   bool prefetch_ahead = false;
-  // > 0: each thread keeps one K/V head's widened (dequantized) keys for the row blocks it runs of that head
-  // (Workspace::widened_k); the number of keys it has room for.
+  // > 0: each thread keeps one K/V head's widened (dequantized, copied) keys, or their AMX operands, for the row
+  // blocks it runs of that head (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;
+  bool widened_k = false;  // which of K and V that float32 copy holds (the other is read in place)
+  bool widened_v = false;
   std::size_t workspace_bytes = 0;  // per thread
   std::size_t partial_bytes = 0;    // per item, when split
   std::size_t scratch_bytes = 0;    // all of it: threads * workspace + items * partial

@@ -79,6 +79,8 @@ struct ItemJob {
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
   bool widened = false;        // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
+  bool widened_k = false;      // of them K's (the rest in place; TiledPlan::widened_k)
+  bool widened_v = false;
   bool prefetch_v = false;      // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)
   bool prefetch_ahead = false;  // few-rows items: prefetch the next tile's K rows (TiledPlan::prefetch_ahead)
 };
