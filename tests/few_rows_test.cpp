@@ -137,16 +137,19 @@ TEST(FewRows, ThreadCountDoesNotChangeABit) {
 
 // Interleaved K/V heads (positions-first): few-rows items over several K/V heads, which take turns tile by tile.
 // Against the reference, and the same bytes whatever the heads per item (one thread: all of an entry's; more
-// threads: fewer per item, then one).
+// threads: fewer per item, then one), with the keys split too (1300 keys: each head of a wide item keeps its own
+// partial for the merge pass).
 TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
-  int wide = 0;
+  int wide = 0, wide_split = 0;
   const std::int64_t shapes[][2] = {{2, 1}, {1, 3}, {4, 1}};  // (query heads per K/V head, q_len)
   for (const auto& shape : shapes) {
     for (std::int64_t kv_heads : {2, 3, 8, 20}) {
-      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      const std::pair<DType, std::int64_t> variants[] = {
+          {DType::f32, 200}, {DType::f16, 200}, {DType::bf16, 200}, {DType::f32, 1300}, {DType::bf16, 1300}};
+      for (const auto& [dtype, k_len] : variants) {
         CaseSpec s;
         s.name = "interleaved_heads";
-        s.batch = 3, s.heads = kv_heads * shape[0], s.kv_heads = kv_heads, s.q_len = shape[1], s.k_len = 200;
+        s.batch = 3, s.heads = kv_heads * shape[0], s.kv_heads = kv_heads, s.q_len = shape[1], s.k_len = k_len;
         s.head_dim = 40;
         s.layout = LayoutKind::PositionsFirst;
         s.causal = kv_heads % 2 == 0;
@@ -160,7 +163,9 @@ TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
           AttentionConfig config;
           config.threads = threads;
           const Outcome o = run_and_measure(data, ref, config);
-          wide += o.describe.find("K/V heads per item") != std::string::npos;
+          const bool is_wide = o.describe.find("K/V heads per item") != std::string::npos;
+          wide += is_wide;
+          wide_split += is_wide && o.describe.find("split-k") != std::string::npos;
           EXPECT_LE(o.err, testing::tolerance(dtype)) << o.describe;
           EXPECT_LE(o.lse_err, kLseTolerance);
           EXPECT_EQ(o.unwritten, 0);
@@ -171,6 +176,7 @@ TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
     }
   }
   EXPECT_GT(wide, 12) << "items over several K/V heads are covered";
+  EXPECT_GT(wide_split, 6) << "items over several K/V heads with split keys are covered";
 }
 
 // A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score

@@ -546,6 +546,7 @@ void run_few_rows_wide_item(const ItemJob& job) {
     jobs[h].kvh = job.kvh + h;
     jobs[h].kv_span = 1;
     jobs[h].ws = &views[h];
+    if (job.partial != nullptr) jobs[h].partial = job.partial + h * job.partial_head_stride;
     rs[h] = set_up_rows(jobs[h]);
   }
   if (gathers_kv_rows(p) || p.dtype == DType::f32) {
@@ -555,9 +556,13 @@ void run_few_rows_wide_item(const ItemJob& job) {
   } else {
     run_wide_rows<hwy::bfloat16_t>(jobs, rs, heads);
   }
-  for (int h = 0; h < heads; ++h) {  // (wide items are never split)
+  for (int h = 0; h < heads; ++h) {
     move_output_to_lanes(views[h], jobs[h].rows, p.v_head_dim);
-    finish_rows_dispatched(jobs[h]);
+    if (jobs[h].partial != nullptr) {  // split-K: each head's unnormalised state into its own slot
+      save_partial(views[h], jobs[h].rows, p.v_head_dim, jobs[h].partial);
+    } else {
+      finish_rows_dispatched(jobs[h]);
+    }
   }
 }
 

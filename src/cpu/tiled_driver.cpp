@@ -83,7 +83,8 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
 // Folds the partials of one row block, in range order, into the workspace state.
 void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, const float* partials,
                     const Workspace& w) {
-  const std::size_t stride = plan.partial_bytes / sizeof(float);
+  // (the ranges' slots of one K/V head: a wide item keeps one slot per head of its span)
+  const std::size_t stride = static_cast<std::size_t>(plan.kv_heads_per_item) * plan.partial_bytes / sizeof(float);
   for (std::int64_t r = 0; r < rows; ++r) {
     float max = core::kNegInf;
     float sum = 0.0f;
@@ -158,10 +159,12 @@ std::size_t partial_floats(std::int64_t v_head_dim) {
 }
 
 void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim, float* partial) {
-  // The merge reads only the item's rows; lanes past them carry whatever they hold.
-  std::memcpy(partial, w.max, kRowBlock * sizeof(float));
-  std::memcpy(partial + kRowBlock, w.sum, kRowBlock * sizeof(float));
-  std::memcpy(partial + 2 * kRowBlock, w.poison, kRowBlock * sizeof(float));
+  // The merge reads only the item's rows; lanes past them carry whatever they hold. (A head of a wide few-rows
+  // item passes a view whose lanes start inside the workspace's: only its rows are read then.)
+  const std::size_t state_lanes = static_cast<std::size_t>(rows > kFewRows ? kRowBlock : rows);
+  std::memcpy(partial, w.max, state_lanes * sizeof(float));
+  std::memcpy(partial + kRowBlock, w.sum, state_lanes * sizeof(float));
+  std::memcpy(partial + 2 * kRowBlock, w.poison, state_lanes * sizeof(float));
   if (rows > kFewRows) {  // one contiguous copy: per-row copies of many lanes cost more in calls than in bytes
     std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
     return;
@@ -180,17 +183,24 @@ void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim
 // bench/results/cpu-sequences-2026-12-02.md).
 bool heads_interleaved(const Layout& l) { return l.head_stride > 0 && l.head_stride < l.row_stride; }
 
-// K/V heads per few-rows item: all of a batch entry's (at most kMaxKvHeadsPerItem) where heads interleave and the
-// keys are not split, fewer where that would leave under two items per thread. The bits do not depend on it: each
-// head's rows take the same steps either way.
+// K/V heads per few-rows item where heads interleave: as many of a batch entry's as keep at least two items per
+// thread that share out evenly (the threads' last round at least 85% full), at most kMaxKvHeadsPerItem. Split
+// keys too: each head of a wide item then keeps its own partial. The bits do not depend on it: each head's rows
+// take the same steps either way.
 std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan, std::int64_t base_items, int threads) {
-  if (plan.splits != 1 || plan.group_rows > kFewRows || p.kv_heads < 2 || base_items == 0 ||
+  if (plan.group_rows > kFewRows || p.kv_heads < 2 || base_items == 0 ||
       !(heads_interleaved(p.k) || heads_interleaved(p.v))) {
     return 1;
   }
-  std::int64_t span = std::min<std::int64_t>(p.kv_heads, kMaxKvHeadsPerItem);
-  while (span > 1 && p.batch * ceil_div(p.kv_heads, span) < 2 * static_cast<std::int64_t>(threads)) span /= 2;
-  return span;
+  const std::int64_t t = threads;
+  auto items = [&](std::int64_t span) { return p.batch * ceil_div(p.kv_heads, span) * plan.splits; };
+  auto even = [&](std::int64_t span) { return 100 * items(span) >= 85 * t * ceil_div(items(span), t); };
+  // (spans that cut the heads into groups of equal size, or as near as the count allows)
+  for (std::int64_t groups = ceil_div(p.kv_heads, kMaxKvHeadsPerItem); groups < p.kv_heads; ++groups) {
+    const std::int64_t span = ceil_div(p.kv_heads, groups);
+    if (items(span) >= 2 * t && even(span)) return span;
+  }
+  return 1;
 }
 
 // Keys of the per-thread widened K/V (Workspace::widened_k), 0 for none: where K or V must be widened or
@@ -262,6 +272,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
   const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
+  plan.base_items = base_items;
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
   if (base_items > 0 && base_items < kTargetItems && p.k_len >= 2 * kMinSplitKeys) {
     const std::int64_t want = std::min({ceil_div(kTargetItems, base_items), p.k_len / kMinSplitKeys, kMaxSplits});
@@ -276,7 +287,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, plan.amx, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
   plan.scratch_bytes = static_cast<std::size_t>(plan.threads) * plan.workspace_bytes +
-                       static_cast<std::size_t>(plan.items) * plan.partial_bytes;
+                       static_cast<std::size_t>(plan.items * plan.kv_heads_per_item) * plan.partial_bytes;
   return plan;
 }
 
@@ -296,7 +307,7 @@ std::string describe(const TiledPlan& plan) {
   }
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys (" +
-         std::to_string(plan.items / plan.splits) + " row blocks under " + std::to_string(kTargetItems) + ")";
+         std::to_string(plan.base_items) + " row blocks under " + std::to_string(kTargetItems) + ")";
   }
   return s;
 }
@@ -323,7 +334,10 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     const Workspace w = workspace(omp_get_thread_num());
     ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, item), &w);
     if (job.rows == 0) return;
-    if (plan.splits > 1) job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item) * plan.partial_bytes);
+    if (plan.splits > 1) {  // one slot per head of the item's span
+      job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item * plan.kv_heads_per_item) * plan.partial_bytes);
+      job.partial_head_stride = static_cast<std::int64_t>(plan.partial_bytes / sizeof(float));
+    }
     if (job.kv_span > 1) {
       run_few_rows_wide_dispatched(job);
     } else if (job.rows <= kFewRows) {
@@ -332,13 +346,18 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
       run_item_dispatched(job);
     }
   };
-  auto merge_block = [&](std::int64_t block) {
+  auto merge_block = [&](std::int64_t block) {  // each head of the block's span in turn
     const Workspace w = workspace(omp_get_thread_num());
     const ItemJob job = make_job(p, a, seqs, plan, decode_item(p, plan, block * plan.splits), &w);
     if (job.rows == 0) return;
-    const auto* first = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(block * plan.splits) * plan.partial_bytes);
-    merge_partials(plan, job.rows, p.v_head_dim, first, w);
-    finish_rows_dispatched(job);
+    for (std::int64_t h = 0; h < job.kv_span; ++h) {
+      ItemJob head = job;
+      head.kvh = job.kvh + h;
+      head.kv_span = 1;
+      const std::size_t slot = static_cast<std::size_t>(block * plan.splits * plan.kv_heads_per_item + h);
+      merge_partials(plan, head.rows, p.v_head_dim, reinterpret_cast<const float*>(partials + slot * plan.partial_bytes), w);
+      finish_rows_dispatched(head);
+    }
   };
 
   // One parallel region per call (a decode step is tens of microseconds: a second wake-up of the team for the

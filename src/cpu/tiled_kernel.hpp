@@ -36,7 +36,8 @@ struct TiledPlan {
   std::int64_t splits = 1;      // key ranges per row block (1: no split, no merge pass)
   std::int64_t kv_heads_per_item = 1;  // > 1: few-rows items over that many K/V heads (interleaved heads' rows)
   std::int64_t split_keys = 0;  // keys per range, a multiple of kKeyTile
-  std::int64_t items = 0;       // batch * kv_heads * row_blocks * splits
+  std::int64_t base_items = 0;  // batch * kv_heads * row_blocks: the row blocks of the call
+  std::int64_t items = 0;       // batch * ceil(kv_heads / kv_heads_per_item) * row_blocks * splits
   int threads = 1;
   // bfloat16 with bfloat16 K/V on a CPU with AMX-BF16: the items of more than kFewRows rows take their two
   // products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms).

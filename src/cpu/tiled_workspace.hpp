@@ -76,6 +76,7 @@ struct ItemJob {
   std::int64_t key_begin;  // key range of this item
   std::int64_t key_end;
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
+  std::int64_t partial_head_stride = 0;  // floats from one head's partial slot to the next (a wide item's span)
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
   bool widened = false;        // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
