@@ -203,10 +203,19 @@ std::int64_t kv_heads_per_item(const AttentionProblem& p, const TiledPlan& plan,
   return 1;
 }
 
-// Keys of the per-thread widened K/V (Workspace::widened_k), 0 for none: where K or V must be widened or
-// dequantized on the tiled path, a K/V head has enough row blocks that each thread runs several of them (the
-// threads take items in turns: with 2 row blocks each thread widens its own, and the copy only costs), and one
-// head's keys fit kMaxWidenedBytes. The bits do not depend on it: a widened row is the same floats either way.
+// Items a thread takes at once: all row blocks of a K/V head where there are heads enough for every thread to
+// take several (then the thread's copy of the head serves them all, and the balance is a whole head's), else one.
+std::int64_t item_chunk(const AttentionProblem& p, const TiledPlan& plan) {
+  const bool whole_heads = plan.splits == 1 && plan.kv_heads_per_item == 1 && plan.row_blocks >= 2 &&
+                           p.batch * p.kv_heads >= 4 * static_cast<std::int64_t>(plan.threads);
+  return whole_heads ? plan.row_blocks : 1;
+}
+
+// Keys of the per-thread widened K/V (Workspace::widened_k), 0 for none: where K or V must be widened,
+// dequantized, copied or staged on the tiled path, a thread runs several row blocks of a K/V head (a head's row
+// blocks are one chunk of the thread loop, or the head has so many that each thread takes several: the threads
+// take items in turns, and with 2 row blocks each would widen its own, where the copy only costs), and one head's
+// keys fit kMaxWidenedBytes. The bits do not depend on it: a widened row is the same floats either way.
 // Measured in bench/results/cpu-peers-2026-12-03-zen5-widened.md.
 namespace {
 constexpr std::int64_t kMaxWidenedBytes = std::int64_t{4} << 20;
@@ -226,7 +235,7 @@ void plan_widened_rows(const AttentionProblem& p, TiledPlan& plan) {
 
 std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, const PlanOverrides& overrides) {
   if (overrides.is_off("widened-kv")) return 0;
-  if (plan.group_rows <= kFewRows || plan.row_blocks < kMinRowBlocksForWidened ||
+  if (plan.group_rows <= kFewRows || (plan.row_blocks < kMinRowBlocksForWidened && plan.item_chunk < 2) ||
       !(plan.widened_k || plan.widened_v || plan.amx)) {
     return 0;
   }
@@ -282,6 +291,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.kv_heads_per_item = kv_heads_per_item(p, plan, base_items, threads);
   plan.items = p.batch * ceil_div(p.kv_heads, plan.kv_heads_per_item) * plan.row_blocks * plan.splits;
   plan.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, plan.items)));
+  plan.item_chunk = item_chunk(p, plan);
   plan_widened_rows(p, plan);
   plan.widened_keys = widened_keys(p, plan, overrides);
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, plan.amx, nullptr);
@@ -375,7 +385,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
              stop < plan.items && core::saturating_add(ops, item_cost(stop)) <= p.work_budget; ++stop)
           ops = core::saturating_add(ops, item_cost(stop));
       }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, plan.item_chunk)
       for (std::int64_t item = start; item < stop; ++item) run_item(item);
       start = stop;
     }

@@ -226,8 +226,9 @@ void finish_rows(const ItemJob& job) {
     const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
     const std::int64_t i = pair % job.seq.queries;
     const core::RowState state{w.max[r], w.sum[r], w.poison[r] != 0.0f};
-    const core::RowFinish fin = core::finish_row(state, p.has_head_sink, p.has_head_sink ? sinks[h] : 0.0f,
-                                                 p.masked_rows);
+    const float sink = p.has_head_sink ? sinks[h] : 0.0f;
+    const core::RowFinish fin = p.return_lse ? core::finish_row(state, p.has_head_sink, sink, p.masked_rows)
+                                             : core::finish_row<false>(state, p.has_head_sink, sink, p.masked_rows);
     gather_output_row(w, r, dv, fin.acc_scale);
     narrow_row(w.row, p.dtype, dv,
                static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * static_cast<std::int64_t>(es));
@@ -235,22 +236,25 @@ void finish_rows(const ItemJob& job) {
   }
 }
 
-// The item's query rows (read now) and output rows (written at its end, unless it is a split's part). A row of
-// a positions-first tensor is a head's slice of a position, one or two cache lines a few KB from the next row's:
-// read and written one after the other, each waited on memory (a fifth of a BERT-size call in float32).
-void prefetch_item_rows(const ItemJob& job) {
+// The item's query rows (read when it starts) or output rows (written at its end, unless it is a split's part;
+// asked for before its last tile, so that they arrive under that tile's work). A row of a positions-first tensor
+// is a head's slice of a position, one or two cache lines a few KB from the next row's: read and written one after
+// the other, each waited on memory (a fifth of a BERT-size call in float32).
+void prefetch_item_rows(const ItemJob& job, bool output) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  if (output && job.partial != nullptr) return;
   for (std::int64_t r = 0; r < job.rows; ++r) {
     const std::int64_t pair = job.first_row + r;
     const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
     const std::int64_t i = pair % job.seq.queries;
-    prefetch_row(static_cast<const char*>(a.q.data) + job.seqs->query_index(p.q, job.seq, job.b, h, i) * es,
-                 p.head_dim * es);
-    if (job.partial == nullptr) {
+    if (output) {
       prefetch_row_for_write(static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * es,
                              p.v_head_dim * es);
+    } else {
+      prefetch_row(static_cast<const char*>(a.q.data) + job.seqs->query_index(p.q, job.seq, job.b, h, i) * es,
+                   p.head_dim * es);
     }
   }
 }
@@ -275,7 +279,7 @@ void run_item(const ItemJob& job) {
   const bool bf16_dot = job.bf16_dot;
   if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + round_up(dim, 32) * kRowBlock, 0);  // zeros past dims, rows
   if (amx) amx::begin();
-  prefetch_item_rows(job);
+  prefetch_item_rows(job, false);
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
   std::int64_t union_begin = job.key_end;
   std::int64_t union_end = job.key_begin;
@@ -344,6 +348,7 @@ void run_item(const ItemJob& job) {
     const std::int64_t k0 = amx ? t0 : std::max(t0, union_begin);
     const std::int64_t k1 = std::min(t0 + kKeyTile, amx ? amx_keys_end : union_end);
     const std::int64_t n = k1 - k0;
+    if (t0 + kKeyTile >= union_end) prefetch_item_rows(job, true);
     bool all_visible = true;
     for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
 

@@ -39,6 +39,7 @@ struct TiledPlan {
   std::int64_t base_items = 0;  // batch * kv_heads * row_blocks: the row blocks of the call
   std::int64_t items = 0;       // batch * ceil(kv_heads / kv_heads_per_item) * row_blocks * splits
   int threads = 1;
+  std::int64_t item_chunk = 1;  // items a thread takes at once (a K/V head's row blocks, or 1)
   // bfloat16 with bfloat16 K/V on a CPU with AMX-BF16: the items of more than kFewRows rows take their two
   // products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms).
   bool amx = false;
