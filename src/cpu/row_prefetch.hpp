@@ -29,13 +29,16 @@ inline void prefetch_line(const char* line) {
 #endif
 }
 
-inline void prefetch_row(const void* row, std::int64_t bytes) {
+// Calls ask(line) for every cache line of `bytes` bytes from `row`.
+template <class Ask>
+inline void for_each_line(const void* row, std::int64_t bytes, Ask ask) {
   constexpr std::uintptr_t kLine = 64;
   const auto start = reinterpret_cast<std::uintptr_t>(row);
   const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
-  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
-    prefetch_line(reinterpret_cast<const char*>(line));
+  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine) ask(reinterpret_cast<const char*>(line));
 }
+
+inline void prefetch_row(const void* row, std::int64_t bytes) { for_each_line(row, bytes, prefetch_line); }
 
 // One cache line, to be written soon (PREFETCHW: the line arrives owned, so the store does not wait on it).
 inline void prefetch_line_for_write(const char* line) {
@@ -47,11 +50,7 @@ inline void prefetch_line_for_write(const char* line) {
 }
 
 inline void prefetch_row_for_write(const void* row, std::int64_t bytes) {
-  constexpr std::uintptr_t kLine = 64;
-  const auto start = reinterpret_cast<std::uintptr_t>(row);
-  const std::uintptr_t end = start + static_cast<std::uintptr_t>(bytes);
-  for (std::uintptr_t line = start & ~(kLine - 1); line < end; line += kLine)
-    prefetch_line_for_write(reinterpret_cast<const char*>(line));
+  for_each_line(row, bytes, prefetch_line_for_write);
 }
 
 // The rows [j0, j1) of each list of pf.
