@@ -163,7 +163,8 @@ HWY_INLINE void store_probability_terms(DF df, const Workspace& w, std::int64_t 
   }
 }
 
-// O^T = O^T * alpha + P V for the tile on AMX (P already in w.p_pairs, and as float32 in w.st): the product, the
+// O^T = O^T * alpha + P V for the tile on AMX (P already in w.p_pairs, and as float32 in w.st where the tile has
+// inf or NaN values of V): the product, the
 // inf or NaN values of V that staging left out added where their key's P is not 0 (a row that sees one gets it,
 // one that does not keeps the bits of a finite V), then the update.
 inline void amx_value_tile(const ItemJob& job, const AmxTile& tile, std::int64_t k0, std::size_t nvec) {

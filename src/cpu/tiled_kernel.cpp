@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
 namespace attnkit::cpu::HWY_NAMESPACE {
@@ -424,23 +425,35 @@ void run_item(const ItemJob& job) {
       const auto lane_end = hn::Load(di, w.end + v * L);
       VF tile_max = neg_inf;
       auto all_below_inf = hn::Lt(neg_inf, pos_inf);  // (all true)
-      for (std::int64_t j = 0; j < n; ++j) {
-        float* s = w.st + j * kRowBlock + v * L;
-        VF x = hn::Load(df, s);
-        if (!(p.has_mask && !mask_per_key)) {
-          x = hn::Mul(x, scale);
-          if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
-          if (key_mask != nullptr) x = hn::Add(x, hn::Set(df, key_mask[j]));
+      const bool plain = !p.has_mask && softcap == 0.0f && all_visible;
+      // Scales the tile's scores in place (unless the masked path above did), then the mask and the visibility;
+      // also their max and whether all are below +inf. The plain case (no mask, softcap or hidden key) is its own
+      // loop: nothing in it is decided per key.
+      auto prepare = [&](auto plain_tag) {
+        constexpr bool kPlain = decltype(plain_tag)::value;
+        for (std::int64_t j = 0; j < n; ++j) {
+          float* s = w.st + j * kRowBlock + v * L;
+          VF x = hn::Load(df, s);
+          if (kPlain || !(p.has_mask && !mask_per_key)) {
+            x = hn::Mul(x, scale);
+            if (!kPlain && softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+            if (!kPlain && key_mask != nullptr) x = hn::Add(x, hn::Set(df, key_mask[j]));
+          }
+          if (!kPlain && !all_visible) {
+            const auto key = hn::Set(di, static_cast<std::int32_t>(k0 + j));
+            const auto seen = hn::AndNot(hn::Lt(key, lane_begin), hn::Lt(key, lane_end));
+            x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
+          }
+          // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
+          all_below_inf = hn::And(all_below_inf, hn::Lt(x, pos_inf));
+          tile_max = hn::Max(tile_max, x);
+          hn::Store(x, df, s);
         }
-        if (!all_visible) {
-          const auto key = hn::Set(di, static_cast<std::int32_t>(k0 + j));
-          const auto seen = hn::AndNot(hn::Lt(key, lane_begin), hn::Lt(key, lane_end));
-          x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
-        }
-        // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
-        all_below_inf = hn::And(all_below_inf, hn::Lt(x, pos_inf));
-        tile_max = hn::Max(tile_max, x);
-        hn::Store(x, df, s);
+      };
+      if (plain) {
+        prepare(std::true_type{});
+      } else {
+        prepare(std::false_type{});
       }
       hn::Store(hn::IfThenElse(all_below_inf, hn::Load(df, w.poison + v * L), one), df, w.poison + v * L);
       const VF old_max = hn::Load(df, w.max + v * L);
@@ -448,11 +461,13 @@ void run_item(const ItemJob& job) {
       const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
       const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
       VF tile_sum = hn::Zero(df);
+      // (AMX reads P from its terms; the float32 values stay in st only for the inf / NaN values of V it adds back)
+      const bool keep_p = !amx || amx_operands.bad > 0;
       auto probability = [&](std::int64_t j) {
         float* s = w.st + j * kRowBlock + v * L;
         const VF e = exp_of_nonpositive(df, hn::Sub(hn::Load(df, s), use_max));
         tile_sum = hn::Add(tile_sum, e);
-        hn::Store(e, df, s);
+        if (keep_p) hn::Store(e, df, s);
         return e;
       };
       if (amx) {  // P into the value product's operand too, two keys at a time (zeros past the tile's keys)
