@@ -375,6 +375,8 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   // ended by the loop's barrier; every item computes the same bits whichever run it lands in, so a cut call
   // equals the whole call. Every thread computes the same cuts.
   auto run_all = [&] {
+    // (a local of the lambda: clang 14 crashed generating a schedule clause that reads through a capture)
+    const std::int64_t chunk = plan.item_chunk;
     for (std::int64_t start = 0; start < plan.items;) {
       std::int64_t stop = start + 1;
       if (p.work_budget == 0) {
@@ -385,7 +387,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
              stop < plan.items && core::saturating_add(ops, item_cost(stop)) <= p.work_budget; ++stop)
           ops = core::saturating_add(ops, item_cost(stop));
       }
-#pragma omp for schedule(dynamic, plan.item_chunk)
+#pragma omp for schedule(dynamic, chunk)
       for (std::int64_t item = start; item < stop; ++item) run_item(item);
       start = stop;
     }
