@@ -148,7 +148,10 @@ int run_gqa(const GqaBenchOptions& o, Context& ctx) {
   if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device: '" + o.device + "' is not cpu or cuda");
   const bool on_gpu = o.device == "cuda";
   if (on_gpu && !cuda::available()) throw UsageError("--device cuda: no CUDA device (or this build has no CUDA backend)");
-  GroupQueryAttention op(attrs, GqaConfig{on_gpu ? Backend::Cuda : Backend::Cpu, o.threads, nullptr});
+  GqaConfig config;
+  config.backend = on_gpu ? Backend::Cuda : Backend::Cpu;
+  config.threads = o.threads;
+  GroupQueryAttention op(attrs, config);
   // Tensors the op reads or writes: on the host, or device copies of them.
   std::vector<void*> device_buffers;
   struct DeviceFree {

@@ -45,7 +45,10 @@ Outcome verify_one(const Job& job, Backend backend, const SelectionOptions& sel)
   r.bound = testing::tolerance(job.dtype);
   try {
     testing::CaseData data(job.spec, job.dtype, sel.seed);
-    Attention op(data.problem(), AttentionConfig{backend, sel.threads});
+    AttentionConfig config;
+    config.backend = backend;
+    config.threads = sel.threads;
+    Attention op(data.problem(), config);
     r.describe = op.describe();
     const auto ref = data.reference();
     // The CUDA backend runs on device copies of the case (outputs poisoned, run, copied back).

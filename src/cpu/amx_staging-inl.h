@@ -188,10 +188,14 @@ inline void amx_value_tile(const ItemJob& job, const AmxTile& tile, std::int64_t
       }
     }
   }
+  // (locals: through `w` the compiler reloaded the three pointers at every store)
+  float* HWY_RESTRICT ot = w.ot;
+  const float* HWY_RESTRICT alpha = w.alpha;
+  const float* HWY_RESTRICT tile_pv = w.tile_pv;
   for (std::int64_t d = 0; d < dv; ++d) {
     for (std::size_t v = 0; v < nvec; ++v) {
-      float* o = w.ot + d * kRowBlock + v * L;
-      hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, w.alpha + v * L), hn::Load(df, w.tile_pv + d * kRowBlock + v * L)), df, o);
+      float* o = ot + d * kRowBlock + v * L;
+      hn::Store(hn::MulAdd(hn::Load(df, o), hn::Load(df, alpha + v * L), hn::Load(df, tile_pv + d * kRowBlock + v * L)), df, o);
     }
   }
 }
