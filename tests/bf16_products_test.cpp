@@ -63,32 +63,37 @@ AttentionConfig with_overrides(const char* overrides) {
 }
 AttentionConfig without_amx() { return with_overrides("off=amx"); }
 
+// bfloat16, and float16 as two bfloat16 terms (held to float16's bound, and to float32's accuracy by
+// HalfOutputs.RoundedToNearestElementByElement).
 TEST(Amx, MatchesTheReferenceOnBothPaths) {
   int on_amx = 0;
-  for (const CaseSpec& spec : amx_cases()) {
-    SCOPED_TRACE(spec_string(spec));
-    CaseData data(spec, DType::bf16, 21);
-    const auto ref = data.reference();
-    for (bool amx : {true, false}) {
-      const Outcome o = run_and_measure(data, ref, amx ? AttentionConfig{} : without_amx());
-      const bool took_amx = o.describe.find("AMX") != std::string::npos;
-      EXPECT_EQ(took_amx, amx && cpu::amx::available()) << o.describe;
-      on_amx += took_amx;
-      EXPECT_LE(o.err, testing::tolerance(DType::bf16)) << o.describe;
-      EXPECT_LE(o.lse_err, kLseTolerance) << o.describe;
-      EXPECT_TRUE(o.gaps_untouched);
-      EXPECT_EQ(o.unwritten, 0);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (const CaseSpec& spec : amx_cases()) {
+      SCOPED_TRACE(spec_string(spec) + " " + std::string(dtype_name(dtype)));
+      CaseData data(spec, dtype, 21);
+      const auto ref = data.reference();
+      for (bool amx : {true, false}) {
+        const Outcome o = run_and_measure(data, ref, amx ? AttentionConfig{} : without_amx());
+        const bool took_amx = o.describe.find("AMX") != std::string::npos;
+        EXPECT_EQ(took_amx, amx && cpu::amx::available()) << o.describe;
+        on_amx += took_amx;
+        EXPECT_LE(o.err, testing::tolerance(dtype)) << o.describe;
+        EXPECT_LE(o.lse_err, kLseTolerance) << o.describe;
+        EXPECT_TRUE(o.gaps_untouched);
+        EXPECT_EQ(o.unwritten, 0);
+      }
     }
   }
-  if (cpu::amx::available()) EXPECT_EQ(on_amx, static_cast<int>(amx_cases().size()));
+  if (cpu::amx::available()) EXPECT_EQ(on_amx, 2 * static_cast<int>(amx_cases().size()));
 }
 
 TEST(Amx, ThreadCountsAndCutCallsKeepTheBits) {
   if (!cpu::amx::available()) GTEST_SKIP() << "this CPU has no AMX-BF16";
   const auto cases = amx_cases();
   for (std::size_t i = 0; i < cases.size(); i += 5) {
-    SCOPED_TRACE(spec_string(cases[i]));
-    CaseData data(cases[i], DType::bf16, 22);
+    const DType dtype = i % 2 == 0 ? DType::bf16 : DType::f16;
+    SCOPED_TRACE(spec_string(cases[i]) + " " + std::string(dtype_name(dtype)));
+    CaseData data(cases[i], dtype, 22);
     std::vector<std::byte> base;
     for (int threads : {1, 2, 3}) {
       for (std::int64_t budget : {std::int64_t{0}, std::int64_t{1}}) {
@@ -124,8 +129,9 @@ TEST(Amx, TheHeadCopyKeepsTheBits) {
                               {"key length 190", 0, -1, 190, 0.0f}, {"causal, V inf at key 150", 0, 40, 0, kInfinity},
                               {"window 50, V NaN at key 100", 50, 60, 0, std::numeric_limits<float>::quiet_NaN()}};
   for (const Variant& var : variants) {
-    SCOPED_TRACE(var.name);
-    Manual m(2, 6, 2, 70, 300, 40, 24, DType::bf16);  // 3 x 70 rows per K/V head: 4 row blocks
+   for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(var.name) + " " + std::string(dtype_name(dtype)));
+    Manual m(2, 6, 2, 70, 300, 40, 24, dtype);  // 3 x 70 rows per K/V head: 4 row blocks
     m.randomize(31);
     m.p.return_lse = true;
     if (var.offset >= 0) {
@@ -158,7 +164,8 @@ TEST(Amx, TheHeadCopyKeepsTheBits) {
         }
       }
     }
-    if (bad_key < 0) EXPECT_LE(m.scaled_error(ref), testing::tolerance(DType::bf16));
+    if (bad_key < 0) EXPECT_LE(m.scaled_error(ref), testing::tolerance(dtype));
+   }
   }
 }
 
@@ -189,24 +196,26 @@ TEST(Amx, TileProductsMatchFloat64) {
       }
     }
   }
-  for (std::int64_t dv16 : {16, 48, 256}) {
-    std::vector<std::uint16_t> vt(static_cast<std::size_t>(dv16 * kK));
+  for (const auto& [dv16, v_terms] : {std::pair<std::int64_t, int>{16, 1}, {48, 1}, {256, 1}, {48, 2}}) {
+    std::vector<std::uint16_t> vt(static_cast<std::size_t>(v_terms * dv16 * kK));
     std::vector<std::uint16_t> pp(static_cast<std::size_t>(cpu::amx::kProbabilityTerms * kK * kL));
     for (auto& x : vt) x = float_to_bf16_bits(normal(rng));
     for (auto& x : pp) x = float_to_bf16_bits(std::abs(normal(rng)));
     std::vector<float> out(static_cast<std::size_t>(dv16 * kL), -1.0f);
     cpu::amx::begin();
-    cpu::amx::values(vt.data(), pp.data(), dv16, out.data());
+    cpu::amx::values(vt.data(), v_terms, pp.data(), dv16, out.data());
     cpu::amx::end();
     for (std::int64_t d = 0; d < dv16; ++d) {
       for (int q = 0; q < kL; ++q) {
         double ref = 0.0, mag = 0.0;
-        for (int t = 0; t < cpu::amx::kProbabilityTerms; ++t) {
-          for (int j = 0; j < kK; ++j) {
-            const double x = double(bf16_bits_to_float(vt[d * kK + j])) *
-                             bf16_bits_to_float(pp[t * kK * kL + (j / 2) * kL * 2 + q * 2 + j % 2]);
-            ref += x;
-            mag += std::abs(x);
+        for (int vterm = 0; vterm < v_terms; ++vterm) {
+          for (int t = 0; t < cpu::amx::kProbabilityTerms; ++t) {
+            for (int j = 0; j < kK; ++j) {
+              const double x = double(bf16_bits_to_float(vt[(vterm * dv16 + d) * kK + j])) *
+                               bf16_bits_to_float(pp[t * kK * kL + (j / 2) * kL * 2 + q * 2 + j % 2]);
+              ref += x;
+              mag += std::abs(x);
+            }
           }
         }
         ASSERT_NEAR(out[d * kL + q], ref, 1e-6 * mag + 1e-30) << "dv " << dv16 << " dim " << d << " query " << q;

@@ -33,21 +33,57 @@ inline std::int64_t ceil_div_tiles(std::int64_t keys) {
   return round_up(std::max<std::int64_t>(keys, 1), kKeyTile) / kKeyTile;
 }
 
-// The item's query row r (bfloat16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot scores):
-// dims 2d and 2d + 1 are one 32-bit word of the pairs, at [d][r]. An odd dim's last value pairs with a 0.
-inline void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, std::int64_t dim) {
-  auto* pairs = reinterpret_cast<std::uint32_t*>(w.q_pairs);
-  std::int64_t d = 0;
-  for (; d + 2 <= dim; d += 2) {
-    std::uint32_t word;
-    std::memcpy(&word, row + d, sizeof(word));
-    pairs[(d / 2) * kRowBlock + r] = word;
+// A float16 row's two bfloat16 terms (amx_tiles.hpp): hi = its top 8 significant bits, lo = the rest, exact.
+// `scratch` holds n floats.
+inline void split_float16_row(const std::uint16_t* row, std::int64_t n, float* scratch, std::uint16_t* hi,
+                              std::uint16_t* lo) {
+  widen_row(row, DType::f16, n, scratch);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, scratch + i, sizeof(bits));
+    const std::uint32_t hi_bits = bits & 0xFFFF0000u;
+    float hi_value;
+    std::memcpy(&hi_value, &hi_bits, sizeof(hi_value));
+    const float rest = scratch[i] - hi_value;  // (inf - inf: NaN, a bad value either way)
+    std::uint32_t rest_bits;
+    std::memcpy(&rest_bits, &rest, sizeof(rest_bits));
+    hi[i] = static_cast<std::uint16_t>(hi_bits >> 16);
+    lo[i] = static_cast<std::uint16_t>(rest_bits >> 16);
   }
-  if (d < dim) pairs[(d / 2) * kRowBlock + r] = row[d];
 }
 
-// Where one key tile's staged operands are: K rows [kKeyTile][dim32], V^T [dv16][kKeyTile], and the tile's keys
-// whose V holds inf or NaN (staged as 0, added back by amx_value_tile).
+// One K or Q row as the score product's extended row (amx_tiles.hpp): bfloat16 as it is; float16's terms as
+// [kh, kh, kl, kl] (K) or [qh, ql, qh, ql] (Q). Writes amx::score_dims(t, dim) values; returns a pointer to them
+// (`row` itself for bfloat16, else w.amx_row).
+inline const std::uint16_t* extended_row(const Workspace& w, const std::uint16_t* row, DType t, std::int64_t dim,
+                                         bool is_query) {
+  if (t != DType::f16) return row;
+  std::uint16_t* hi = w.amx_row + 4 * dim;  // (the two terms after the four-part row)
+  std::uint16_t* lo = hi + dim;
+  split_float16_row(row, dim, w.row, hi, lo);
+  const std::uint16_t* parts[4] = {hi, is_query ? lo : hi, is_query ? hi : lo, lo};
+  for (int part = 0; part < 4; ++part) std::copy(parts[part], parts[part] + dim, w.amx_row + part * dim);
+  return w.amx_row;
+}
+
+// The item's query row r (bfloat16 or float16 bits at `row`) into the pairs operand (of the AMX and the bf16-dot
+// scores): dims 2d and 2d + 1 of the (extended) row are one 32-bit word of the pairs, at [d][r]. An odd count's
+// last value pairs with a 0.
+inline void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uint16_t* row, DType t, std::int64_t dim) {
+  const std::uint16_t* ext = extended_row(w, row, t, dim, true);
+  const std::int64_t n = amx::score_dims(t, dim);
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.q_pairs);
+  std::int64_t d = 0;
+  for (; d + 2 <= n; d += 2) {
+    std::uint32_t word;
+    std::memcpy(&word, ext + d, sizeof(word));
+    pairs[(d / 2) * kRowBlock + r] = word;
+  }
+  if (d < n) pairs[(d / 2) * kRowBlock + r] = ext[d];
+}
+
+// Where one key tile's staged operands are: K rows [kKeyTile][dim32], V^T [v_terms][dv16][kKeyTile], and the
+// tile's keys whose V holds inf or NaN (staged as 0, added back by amx_value_tile).
 struct AmxTile {
   const std::uint16_t* k;
   const std::uint16_t* vt;
@@ -55,64 +91,87 @@ struct AmxTile {
   std::int64_t bad = 0;
 };
 
-// Keys [k0, k0 + n) of the job's K/V head into k_dst and vt_dst (rows and columns past the keys and dims are
-// zeros: their P is zero, and a stale value must not be inf or NaN there, nor a padding dim of K). A V value
-// that is inf or NaN goes in as 0 and its key (relative to k0) into bad_dst; returns how many: on the tiles
-// 0 x inf would be NaN even where P is 0, and a key a row cannot see must not change its output.
+// Packs one key pair's V rows (each term's bits at even[t] / odd[t]; null: past the tile's keys, zeros) into the
+// term's pairs, [kKeyTile / 2][dv16] 32-bit words (key 2 jp's value low, 2 jp + 1's high): PromoteTo and a shift
+// keep the columns in order. A value that is inf or NaN goes in as 0 and sets even_bad / odd_bad.
+inline void pack_value_pair(const std::uint16_t* even, const std::uint16_t* odd, std::int64_t dv, std::int64_t dv16,
+                            std::uint32_t* out, bool& even_bad, bool& odd_bad) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(du));
+  const auto exponent = hn::Set(du, 0x7F80u);  // all ones: inf or NaN
+  std::int64_t d = 0;
+  for (; d + L <= dv; d += L) {
+    auto lo = even != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, even + d)) : hn::Zero(du);
+    auto hi = odd != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, odd + d)) : hn::Zero(du);
+    const auto lo_bad = hn::Eq(hn::And(lo, exponent), exponent), hi_bad = hn::Eq(hn::And(hi, exponent), exponent);
+    if (!hn::AllFalse(du, hn::Or(lo_bad, hi_bad))) {
+      even_bad |= !hn::AllFalse(du, lo_bad);
+      odd_bad |= !hn::AllFalse(du, hi_bad);
+      lo = hn::IfThenZeroElse(lo_bad, lo);
+      hi = hn::IfThenZeroElse(hi_bad, hi);
+    }
+    hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, out + d);
+  }
+  for (; d < dv16; ++d) {
+    std::uint32_t lo = even != nullptr && d < dv ? even[d] : 0u, hi = odd != nullptr && d < dv ? odd[d] : 0u;
+    if ((lo & 0x7F80u) == 0x7F80u) even_bad = true, lo = 0;
+    if ((hi & 0x7F80u) == 0x7F80u) odd_bad = true, hi = 0;
+    out[d] = lo | hi << 16;
+  }
+}
+
+// Keys [k0, k0 + n) of the job's K/V head into k_dst (extended rows) and vt_dst (each of V's terms): rows and
+// columns past the keys and dims are zeros (their P is zero, and a stale value must not be inf or NaN there, nor a
+// padding dim of K). A V value that is inf or NaN goes in as 0 and its key (relative to k0) into bad_dst; returns
+// how many: on the tiles 0 x inf would be NaN even where P is 0, and a key a row cannot see must not change its
+// output.
 inline std::int64_t stage_amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, std::uint16_t* k_dst,
                                    std::uint16_t* vt_dst, std::int32_t* bad_dst) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const Workspace& w = *job.ws;
-  const std::int64_t dim = p.head_dim, dim32 = round_up(dim, 32), dv = p.v_head_dim, dv16 = round_up(dv, 16);
+  const DType t = p.dtype;
+  const int terms = amx::input_terms(t);
+  const std::int64_t dim = p.head_dim, ext = amx::score_dims(t, dim), dim32 = amx::score_dim32(t, dim);
+  const std::int64_t dv = p.v_head_dim, dv16 = round_up(dv, 16);
   const auto* k = static_cast<const std::uint16_t*>(a.k.data);
   const auto* v = static_cast<const std::uint16_t*>(a.v.data);
   for (std::int64_t j = 0; j < n; ++j) {
-    const std::uint16_t* krow = k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
-    std::memcpy(k_dst + j * dim32, krow, static_cast<std::size_t>(dim) * sizeof(std::uint16_t));
-    std::fill(k_dst + j * dim32 + dim, k_dst + (j + 1) * dim32, std::uint16_t{0});
+    const std::uint16_t* krow = extended_row(w, k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j), t, dim, false);
+    std::memcpy(k_dst + j * dim32, krow, static_cast<std::size_t>(ext) * sizeof(std::uint16_t));
+    std::fill(k_dst + j * dim32 + ext, k_dst + (j + 1) * dim32, std::uint16_t{0});
   }
   std::fill(k_dst + n * dim32, k_dst + kKeyTile * dim32, std::uint16_t{0});
 
-  const hn::ScalableTag<std::uint32_t> du;
-  const hn::Rebind<std::uint16_t, decltype(du)> d16;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(du));
-  auto* pairs = reinterpret_cast<std::uint32_t*>(w.tile_pv);  // (free until this tile's P V)
-  const auto exponent = hn::Set(du, 0x7F80u);                  // all ones: inf or NaN
+  auto* pairs = reinterpret_cast<std::uint32_t*>(w.tile_pv);  // [terms][kKeyTile / 2][dv16] (free until P V)
+  const std::int64_t term_words = kKeyTile / 2 * dv16;
   std::int64_t bad = 0;
-  auto note_bad = [&](std::int64_t j) {
-    if (bad == 0 || bad_dst[bad - 1] != j) bad_dst[bad++] = static_cast<std::int32_t>(j);
-  };
   for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-    std::uint32_t* out = pairs + jp * dv16;
     const std::int64_t j = 2 * jp;
-    const std::uint16_t* even = j < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) : nullptr;
-    const std::uint16_t* odd = j + 1 < n ? v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j + 1) : nullptr;
-    std::int64_t d = 0;
-    bool even_bad = false, odd_bad = false;
-    // Two rows' values side by side: PromoteTo and a shift keep the columns in order.
-    for (; d + L <= dv; d += L) {
-      auto lo = even != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, even + d)) : hn::Zero(du);
-      auto hi = odd != nullptr ? hn::PromoteTo(du, hn::LoadU(d16, odd + d)) : hn::Zero(du);
-      const auto lo_bad = hn::Eq(hn::And(lo, exponent), exponent), hi_bad = hn::Eq(hn::And(hi, exponent), exponent);
-      if (!hn::AllFalse(du, hn::Or(lo_bad, hi_bad))) {
-        even_bad |= !hn::AllFalse(du, lo_bad);
-        odd_bad |= !hn::AllFalse(du, hi_bad);
-        lo = hn::IfThenZeroElse(lo_bad, lo);
-        hi = hn::IfThenZeroElse(hi_bad, hi);
+    const std::uint16_t* rows[2][2] = {};  // [even / odd][term]
+    for (int side = 0; side < 2; ++side) {
+      if (j + side >= n) continue;
+      const std::uint16_t* row = v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j + side);
+      if (terms == 1) {
+        rows[side][0] = row;
+      } else {  // (w.amx_row: even's terms, then odd's)
+        std::uint16_t* hi = w.amx_row + side * 2 * dv;
+        split_float16_row(row, dv, w.row, hi, hi + dv);
+        rows[side][0] = hi;
+        rows[side][1] = hi + dv;
       }
-      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, out + d);
     }
-    for (; d < dv16; ++d) {
-      std::uint32_t lo = even != nullptr && d < dv ? even[d] : 0u, hi = odd != nullptr && d < dv ? odd[d] : 0u;
-      if ((lo & 0x7F80u) == 0x7F80u) even_bad = true, lo = 0;
-      if ((hi & 0x7F80u) == 0x7F80u) odd_bad = true, hi = 0;
-      out[d] = lo | hi << 16;
+    bool even_bad = false, odd_bad = false;
+    for (int term = 0; term < terms; ++term) {
+      pack_value_pair(rows[0][term], rows[1][term], dv, dv16, pairs + term * term_words + jp * dv16, even_bad, odd_bad);
     }
-    if (even_bad) note_bad(j);
-    if (odd_bad) note_bad(j + 1);
+    if (even_bad) bad_dst[bad++] = static_cast<std::int32_t>(j);
+    if (odd_bad) bad_dst[bad++] = static_cast<std::int32_t>(j + 1);
   }
-  amx::transpose_pairs(pairs, dv16, vt_dst);
+  for (int term = 0; term < terms; ++term) {
+    amx::transpose_pairs(pairs + term * term_words, dv16, vt_dst + term * dv16 * kKeyTile);
+  }
   return bad;
 }
 
@@ -122,7 +181,8 @@ inline std::int64_t stage_amx_tile(const ItemJob& job, std::int64_t k0, std::int
 inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
   const AttentionProblem& p = *job.problem;
   const Workspace& w = *job.ws;
-  const std::int64_t dim32 = round_up(p.head_dim, 32), dv16 = round_up(p.v_head_dim, 16);
+  const std::int64_t dim32 = amx::score_dim32(p.dtype, p.head_dim);
+  const std::int64_t vt_size = round_up(p.v_head_dim, 16) * kKeyTile * amx::input_terms(p.dtype);
   if (!job.widened) {
     const std::int64_t bad = stage_amx_tile(job, k0, n, w.k_bf16, w.vt_bf16, w.amx_bad_keys);
     return {w.k_bf16, w.vt_bf16, w.amx_bad_keys, bad};
@@ -134,7 +194,7 @@ inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
   }
   const std::int64_t t = k0 / kKeyTile;
   std::uint16_t* k = w.staged_k + t * kKeyTile * dim32;
-  std::uint16_t* vt = w.staged_vt + t * kKeyTile * dv16;
+  std::uint16_t* vt = w.staged_vt + t * vt_size;
   std::int32_t* bad_keys = w.staged_bad_keys + t * kKeyTile;
   if (w.widened_ready[t] == 0) {
     w.staged_bad_count[t] = static_cast<std::int32_t>(stage_amx_tile(job, k0, n, k, vt, bad_keys));
@@ -173,7 +233,7 @@ inline void amx_value_tile(const ItemJob& job, const AmxTile& tile, std::int64_t
   const std::int64_t dv = p.v_head_dim;
   const hn::ScalableTag<float> df;
   const std::size_t L = hn::Lanes(df);
-  amx::values(tile.vt, w.p_pairs, round_up(dv, 16), w.tile_pv);
+  amx::values(tile.vt, amx::input_terms(p.dtype), w.p_pairs, round_up(dv, 16), w.tile_pv);
   for (std::int64_t i = 0; i < tile.bad; ++i) {
     const std::int64_t j = tile.bad_keys[i];
     float* vrow = w.row;

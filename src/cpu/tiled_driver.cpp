@@ -111,7 +111,8 @@ void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, c
 }  // namespace
 
 std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
-                            std::int64_t widened_keys, bool amx, Workspace* ws) {
+                            std::int64_t widened_keys, DType amx_dtype, Workspace* ws) {
+  const bool amx = amx_dtype != DType::f32;
   std::size_t off = 0;
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
@@ -134,10 +135,12 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.krow = take<const float*>(base, off, kKeyTile);
   w.vrow = take<const float*>(base, off, kKeyTile);
   w.kbits = take<const std::uint16_t*>(base, off, kKeyTile);
-  const std::int64_t dim32 = (head_dim + 31) / 32 * 32, dv16 = (v_head_dim + 15) / 16 * 16;
+  const std::int64_t dim32 = amx ? amx::score_dim32(amx_dtype, head_dim) : (head_dim + 31) / 32 * 32;
+  const std::int64_t dv16 = (v_head_dim + 15) / 16 * 16, v_terms = amx ? amx::input_terms(amx_dtype) : 1;
   w.k_bf16 = take<std::uint16_t>(base, off, kKeyTile * dim32);
   w.q_pairs = take<std::uint16_t>(base, off, dim32 * kRowBlock);
-  w.vt_bf16 = take<std::uint16_t>(base, off, dv16 * kKeyTile);
+  w.vt_bf16 = take<std::uint16_t>(base, off, v_terms * dv16 * kKeyTile);
+  w.amx_row = take<std::uint16_t>(base, off, 6 * std::max(head_dim, v_head_dim));
   w.p_pairs = take<std::uint16_t>(base, off, amx::kProbabilityTerms * kKeyTile * kRowBlock);
   w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
   w.amx_bad_keys = take<std::int32_t>(base, off, kKeyTile);
@@ -145,7 +148,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.widened_k = take<float>(base, off, float_keys * head_dim);
   w.widened_v = take<float>(base, off, float_keys * v_head_dim);
   w.staged_k = take<std::uint16_t>(base, off, staged_keys * dim32);
-  w.staged_vt = take<std::uint16_t>(base, off, staged_keys * dv16);
+  w.staged_vt = take<std::uint16_t>(base, off, staged_keys * v_terms * dv16);
   w.staged_bad_keys = take<std::int32_t>(base, off, staged_keys);
   w.staged_bad_count = take<std::int32_t>(base, off, staged_keys / kKeyTile);
   w.widened_ready = take<std::uint8_t>(base, off, widened_keys / kKeyTile);
@@ -241,7 +244,8 @@ std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, cons
   }
   const std::int64_t keys = ceil_div(std::max<std::int64_t>(p.k_len, 1), kKeyTile) * kKeyTile;
   // AMX: bfloat16 K rows and V^T, the dims rounded up to the tiles', and the list of inf / NaN keys.
-  const std::int64_t key_bytes = plan.amx ? (ceil_div(p.head_dim, 32) * 32 + ceil_div(p.v_head_dim, 16) * 16) * 2 + 4
+  const std::int64_t key_bytes = plan.amx ? (amx::score_dim32(p.dtype, p.head_dim) +
+                                             ceil_div(p.v_head_dim, 16) * 16 * amx::input_terms(p.dtype)) * 2 + 4
                                           : (p.head_dim + p.v_head_dim) * static_cast<std::int64_t>(sizeof(float));
   return keys * key_bytes <= kMaxWidenedBytes ? keys : 0;
 }
@@ -272,7 +276,9 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   TiledPlan plan;
   plan.group = p.heads / p.kv_heads;
   plan.group_rows = plan.group * p.q_len;
-  plan.amx = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
+  plan.f16_terms = p.dtype == DType::f16;
+  plan.amx = (p.dtype == DType::bf16 || p.dtype == DType::f16) && p.k_storage.type == KvType::Float &&
+             p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
   const bool streams = kv_bytes(p) >= min_prefetched_bytes();
   plan.prefetch_v = streams && !overrides.is_off("prefetch-v");
@@ -294,7 +300,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.item_chunk = item_chunk(p, plan);
   plan_widened_rows(p, plan);
   plan.widened_keys = widened_keys(p, plan, overrides);
-  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys, plan.amx, nullptr);
+  plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys,
+                                         plan.amx ? p.dtype : DType::f32, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
   plan.scratch_bytes = static_cast<std::size_t>(plan.threads) * plan.workspace_bytes +
                        static_cast<std::size_t>(plan.items * plan.kv_heads_per_item) * plan.partial_bytes;
@@ -310,6 +317,7 @@ std::string describe(const TiledPlan& plan) {
     s += ", K/V rows prefetched a tile ahead";
   }
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
+  if (plan.amx && plan.f16_terms) s += " (float16 as two bfloat16 terms)";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";
   if (plan.widened_keys > 0) s += plan.amx ? ", K/V staged once per head and thread" : ", K/V widened once per head and thread";
   if (plan.kv_heads_per_item > 1) {
@@ -329,7 +337,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
   auto workspace = [&](int thread) {
     Workspace w{};
     carve_workspace(scratch + static_cast<std::size_t>(thread) * plan.workspace_bytes, p.head_dim, p.v_head_dim,
-                    plan.widened_keys, plan.amx, &w);
+                    plan.widened_keys, plan.amx ? p.dtype : DType::f32, &w);
     return w;
   };
   if (plan.widened_keys > 0) {  // no thread holds a head's widened K/V from an earlier call yet

@@ -278,7 +278,8 @@ void run_item(const ItemJob& job) {
 
   const bool amx = job.amx;
   const bool bf16_dot = job.bf16_dot;
-  if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + round_up(dim, 32) * kRowBlock, 0);  // zeros past dims, rows
+  const std::int64_t pair_dim32 = amx ? amx::score_dim32(p.dtype, dim) : round_up(dim, 32);
+  if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + pair_dim32 * kRowBlock, 0);  // zeros past dims, rows
   if (amx) amx::begin();
   prefetch_item_rows(job, false);
   // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
@@ -308,7 +309,7 @@ void run_item(const ItemJob& job) {
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
     if (amx || bf16_dot) {  // (the scores read the pairs; qt is not used)
-      stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, dim);
+      stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, p.dtype, dim);
       continue;
     }
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
@@ -394,7 +395,7 @@ void run_item(const ItemJob& job) {
     }
 
     if (amx) {
-      amx::scores(amx_operands.k, w.q_pairs, round_up(dim, 32), w.st);
+      amx::scores(amx_operands.k, w.q_pairs, pair_dim32, w.st);
     } else if (bf16_dot) {
       bf16_dot::scores(w.q_pairs, dim, w.kbits, n, lanes_used, w.st);
     } else {

@@ -40,9 +40,11 @@ struct TiledPlan {
   std::int64_t items = 0;       // batch * ceil(kv_heads / kv_heads_per_item) * row_blocks * splits
   int threads = 1;
   std::int64_t item_chunk = 1;  // items a thread takes at once (a K/V head's row blocks, or 1)
-  // bfloat16 with bfloat16 K/V on a CPU with AMX-BF16: the items of more than kFewRows rows take their two
-  // products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms).
+  // bfloat16 or float16 with K/V of that type on a CPU with AMX-BF16: the items of more than kFewRows rows take
+  // their two products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms,
+  // a float16 input as two).
   bool amx = false;
+  bool f16_terms = false;  // (describe(): the problem is float16)
   // bfloat16 with bfloat16 K on a CPU with AVX-512 BF16 and no AMX: the items of more than kFewRows rows take
   // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
   bool bf16_dot = false;

@@ -34,9 +34,10 @@ struct Workspace {
   const float** vrow;   // [kKeyTile]
   const std::uint16_t** kbits;  // [kKeyTile] where each key's bfloat16 row is (the bf16-dot scores read it in place)
   // The AMX products' operands (amx_tiles.hpp; bfloat16 as bits; dim32, dv16: the dims rounded up to 32, 16).
-  std::uint16_t* k_bf16;   // [kKeyTile][dim32]
+  std::uint16_t* k_bf16;   // [kKeyTile][dim32] (dim32: amx::score_dim32)
   std::uint16_t* q_pairs;  // [dim32 / 2][kRowBlock][2]
-  std::uint16_t* vt_bf16;  // [dv16][kKeyTile]
+  std::uint16_t* vt_bf16;  // [v_terms][dv16][kKeyTile]
+  std::uint16_t* amx_row;  // [6 * max(head_dim, v_head_dim)]: float16 rows' terms (amx_staging-inl.h)
   std::uint16_t* p_pairs;  // [3 terms][kKeyTile / 2][kRowBlock][2]
   float* tile_pv;          // [dv16][kRowBlock]: one tile's P V
   std::int32_t* amx_bad_keys;  // [kKeyTile]: the tile's keys whose V holds inf or NaN
@@ -46,17 +47,18 @@ struct Workspace {
   float* widened_k;               // [widened_keys][head_dim]: key j's row at j (not AMX)
   float* widened_v;               // [widened_keys][v_head_dim]
   std::uint16_t* staged_k;        // AMX: [widened_keys][dim32], tile t's K rows from t * kKeyTile
-  std::uint16_t* staged_vt;       // AMX: [widened_keys / kKeyTile][dv16][kKeyTile], tile t's V^T
+  std::uint16_t* staged_vt;       // AMX: [widened_keys / kKeyTile][v_terms][dv16][kKeyTile], tile t's V^T
   std::int32_t* staged_bad_keys;  // AMX: [widened_keys / kKeyTile][kKeyTile], tile t's keys whose V is inf or NaN
   std::int32_t* staged_bad_count; // AMX: [widened_keys / kKeyTile], how many
   std::uint8_t* widened_ready;    // [widened_keys / kKeyTile]
   std::int64_t* widened_for;      // [2]: b, kvh (-1: nothing held)
 };
 
-// Lays a workspace out from `base` (null: only measure) and returns its size in bytes. `amx`: the head copy
-// (widened_keys of it) holds the AMX products' staged operands rather than float32 rows.
+// Lays a workspace out from `base` (null: only measure) and returns its size in bytes. `amx_dtype`: the AMX
+// products' element type (bfloat16, float16), whose staged operands the head copy (widened_keys of it) holds
+// rather than float32 rows; float32: no AMX.
 std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t v_head_dim,
-                            std::int64_t widened_keys, bool amx, Workspace* ws);
+                            std::int64_t widened_keys, DType amx_dtype, Workspace* ws);
 
 // Partial state of one item of a split problem: [lane] max, sum, poison, then [v_head_dim][lane] accumulator.
 std::size_t partial_floats(std::int64_t v_head_dim);
