@@ -38,7 +38,20 @@ inline std::int64_t ceil_div_tiles(std::int64_t keys) {
 inline void split_float16_row(const std::uint16_t* row, std::int64_t n, float* scratch, std::uint16_t* hi,
                               std::uint16_t* lo) {
   widen_row(row, DType::f16, n, scratch);
-  for (std::int64_t i = 0; i < n; ++i) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<std::uint16_t, decltype(df)> d16;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto top = hn::Set(di, static_cast<std::int32_t>(0xFFFF0000u));
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L) {  // (the shifted bits fit 16 bits: the saturating demotion keeps them)
+    const auto x = hn::LoadU(df, scratch + i);
+    const auto hi_bits = hn::And(hn::BitCast(di, x), top);
+    const auto rest = hn::Sub(x, hn::BitCast(df, hi_bits));
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<decltype(df)>(), hi_bits)))), d16, hi + i);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(hn::RebindToUnsigned<decltype(df)>(), rest)))), d16, lo + i);
+  }
+  for (; i < n; ++i) {
     std::uint32_t bits;
     std::memcpy(&bits, scratch + i, sizeof(bits));
     const std::uint32_t hi_bits = bits & 0xFFFF0000u;
