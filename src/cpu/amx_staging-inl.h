@@ -33,6 +33,16 @@ inline std::int64_t ceil_div_tiles(std::int64_t keys) {
   return round_up(std::max<std::int64_t>(keys, 1), kKeyTile) / kKeyTile;
 }
 
+// Makes the thread's head copy (Workspace::widened_*, staged_*) the job's K/V head's: a copy of another head is
+// dropped (no tile of it ready).
+inline void hold_head_copy(const ItemJob& job) {
+  const Workspace& w = *job.ws;
+  if (w.widened_for[0] == job.b && w.widened_for[1] == job.kvh) return;
+  std::fill(w.widened_ready, w.widened_ready + ceil_div_tiles(job.problem->k_len), std::uint8_t{0});
+  w.widened_for[0] = job.b;
+  w.widened_for[1] = job.kvh;
+}
+
 // A float16 row's two bfloat16 terms (amx_tiles.hpp): hi = its top 8 significant bits, lo = the rest, exact.
 // `scratch` holds n floats.
 inline void split_float16_row(const std::uint16_t* row, std::int64_t n, float* scratch, std::uint16_t* hi,
@@ -200,11 +210,7 @@ inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
     const std::int64_t bad = stage_amx_tile(job, k0, n, w.k_bf16, w.vt_bf16, w.amx_bad_keys);
     return {w.k_bf16, w.vt_bf16, w.amx_bad_keys, bad};
   }
-  if (w.widened_for[0] != job.b || w.widened_for[1] != job.kvh) {
-    std::fill(w.widened_ready, w.widened_ready + ceil_div_tiles(p.k_len), std::uint8_t{0});
-    w.widened_for[0] = job.b;
-    w.widened_for[1] = job.kvh;
-  }
+  hold_head_copy(job);
   const std::int64_t t = k0 / kKeyTile;
   std::uint16_t* k = w.staged_k + t * kKeyTile * dim32;
   std::uint16_t* vt = w.staged_vt + t * vt_size;

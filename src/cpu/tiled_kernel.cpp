@@ -173,11 +173,7 @@ void widen_tile_once(const ItemJob& job, std::int64_t tile, bool k_too, bool v_t
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const Workspace& w = *job.ws;
-  if (w.widened_for[0] != job.b || w.widened_for[1] != job.kvh) {
-    std::fill(w.widened_ready, w.widened_ready + ceil_div_tiles(p.k_len), std::uint8_t{0});
-    w.widened_for[0] = job.b;
-    w.widened_for[1] = job.kvh;
-  }
+  hold_head_copy(job);
   if (w.widened_ready[tile] != 0) return;
   const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, p.head_dim);
   const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, p.v_head_dim);
