@@ -98,9 +98,7 @@ def _current_stream(q: Any) -> int:
     if not _on_cuda(q):
         return 0
     if _is_torch_tensor(q):
-        import torch
-
-        return int(torch.cuda.current_stream(q.device).cuda_stream)
+        return (_TORCH_OPS or _load_torch_ops())._stream(q)
     if type(q).__module__.startswith("cupy"):
         import cupy
 

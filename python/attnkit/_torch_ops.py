@@ -53,8 +53,18 @@ def _capsule(t: Any) -> Any:
     return to_dlpack(t) if isinstance(t, torch.Tensor) else t
 
 
+# The raw pointer of the current stream, without building a torch.cuda.Stream object (a few microseconds of a tiny
+# call's cost); torch.cuda's public way where the private function is missing.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t: torch.Tensor) -> int:
-    return int(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else 0
+    """The caller's current CUDA stream on t's device (0 for a CPU tensor)."""
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return int(_raw_stream(t.get_device()))
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
 def _allocator(like: torch.Tensor):
@@ -144,7 +154,7 @@ def _attention_impl(q, k, v, mask, key_lengths, head_sink, causal, causal_offset
     result = _attnkit.attention(
         to_dlpack(q), to_dlpack(k), to_dlpack(v), mask, key_lengths, head_sink, causal, causal_offset,
         causal_offsets, window, softcap, scale, masked_rows, return_lse, None if o is None else to_dlpack(o), layout,
-        threads, backend, int(torch.cuda.current_stream(q.device).cuda_stream) if q.is_cuda else 0,
+        threads, backend, _stream(q),
         _allocator(q) if q.is_cuda or o is None or (return_lse and lse is None) else _refuse_allocation,
         None if lse is None else to_dlpack(lse))
     if o is None:
@@ -224,7 +234,7 @@ def plain_attention(q, k, v, causal, causal_offset, scale, masked_rows, layout, 
     cuda = q.is_cuda
     _attnkit.attention(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, None, None, causal, causal_offset, None, None,
                        None, scale, masked_rows, False, to_dlpack(o), layout, threads, backend,
-                       int(torch.cuda.current_stream(q.device).cuda_stream) if cuda else 0,
+                       _stream(q),
                        _allocator(q) if cuda else _refuse_allocation, None)
     return o
 
