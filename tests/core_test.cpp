@@ -1,6 +1,6 @@
 // Unit tests of the numerics core every backend is built from: which keys a row sees (VisibilityRule),
 // the online-softmax pieces (usable_max, rescale_factor, merge_weights, finish_row), the score
-// transform (scale, softcap), the work split for whole rounds (parts_for_full_rounds) and the division by a
+// transform (scale, softcap), the work split for whole rounds (split_for_soonest_finish) and the division by a
 // launch-constant divisor (FastDivide).
 #include <core/fast_divide.hpp>
 #include <core/online_softmax.hpp>
@@ -254,21 +254,32 @@ TEST(Core, ScoreTransform) {
 
 // The CUDA plan's decode splits on the H200 (132 SMs): the wgmma kernel holds 1 block per SM, the mma.sync
 // kernel 2.
-TEST(Core, PartsForFullRounds) {
+TEST(Core, SplitForSoonestFinish) {
   EXPECT_DOUBLE_EQ(core::round_fill(132, 132), 1.0);
   EXPECT_DOUBLE_EQ(core::round_fill(133, 132), 133.0 / 264.0);
   EXPECT_DOUBLE_EQ(core::round_fill(0, 132), 0.0);
-  // batch 64 x 8 K/V heads: 512 blocks fill 3.9 rounds of 132 already.
-  EXPECT_EQ(core::parts_for_full_rounds(512, 132, 1, 16), 1);
-  // batch 8 x 8 K/V heads: 64 blocks are half a round; 2 ranges each fill 97% (not 33 ranges, 100%).
-  EXPECT_EQ(core::parts_for_full_rounds(64, 132, 1, 64), 2);
-  EXPECT_EQ(core::parts_for_full_rounds(64, 264, 1, 64), 4);
-  // A lower bound (the decode kernel's range limit) is kept even when fewer parts would fill the rounds.
-  EXPECT_EQ(core::parts_for_full_rounds(64, 132, 32, 64), 32);
-  // No count reaches 90%: the fullest, the smallest of equals.
-  EXPECT_EQ(core::parts_for_full_rounds(100, 132, 1, 1), 1);
-  EXPECT_EQ(core::parts_for_full_rounds(70, 132, 1, 3), 3);  // 70 (53%), 140 (53%), 210 (80%)
-  EXPECT_EQ(core::parts_for_full_rounds(80, 132, 1, 2), 1);  // 80 (61%), 160 (61%): equal, the fewer
+  const auto parts = [](std::int64_t items, std::int64_t workers, std::int64_t tiles, std::int64_t least,
+                        std::int64_t most) { return core::split_for_soonest_finish(items, workers, tiles, least, most).parts; };
+  // batch 64 x 8 K/V heads over 32 tiles: 512 blocks fill 3.9 rounds of 132 already.
+  EXPECT_EQ(parts(512, 132, 32, 1, 16), 1);
+  // batch 8 x 8 K/V heads over 256 tiles: 64 blocks are half a round; 2 ranges (97% of one round), not 4 (two).
+  EXPECT_EQ(parts(64, 132, 256, 1, 64), 2);
+  EXPECT_EQ(parts(64, 264, 256, 1, 64), 4);
+  // Batch 1 x 8 K/V heads over 64 tiles: 16 ranges of 4 tiles (128 blocks), not 15 of 4.5 (120 blocks that each
+  // run 5 tiles) nor 32 of 2 (two rounds).
+  const core::TileSplit b1 = core::split_for_soonest_finish(8, 132, 64, 1, 32);
+  EXPECT_EQ(b1.parts, 16);
+  EXPECT_EQ(b1.tiles_per_part, 4);
+  // Counts that whole tiles cannot make give fewer ranges: 7 tiles in at most 5 ranges are 4 of 2 tiles.
+  const core::TileSplit odd = core::split_for_soonest_finish(1, 132, 7, 5, 5);
+  EXPECT_EQ(odd.parts, 4);
+  EXPECT_EQ(odd.tiles_per_part, 2);
+  // A lower bound (the decode kernel's range limit) is kept even when fewer ranges would finish sooner.
+  EXPECT_EQ(parts(64, 132, 128, 32, 64), 32);
+  // Equal finishes: the fewer ranges (80 blocks whole, or 160 in two rounds of half the tiles).
+  EXPECT_EQ(parts(80, 132, 2, 1, 2), 1);
+  // Nothing to cut.
+  EXPECT_EQ(parts(0, 132, 8, 1, 4), 1);
 }
 
 // ---- FastDivide ----

@@ -142,6 +142,25 @@ TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
   const CudaPlan b8 = plan_of(shape(8, 32, 8, 1, 32768, 128, true));
   EXPECT_EQ(b8.kernel, Kernel::Warpgroup);
   EXPECT_EQ(b8.splits, 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
+  // Ranges of whole 128-key tiles: batch 1 x 8 K/V heads over 8192 keys in 16 ranges of 512 (not 15 of 576).
+  const CudaPlan b1 = plan_of(shape(1, 32, 8, 1, 8192, 128, true));
+  EXPECT_EQ(b1.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(b1.splits, 16);
+  EXPECT_EQ(b1.split_keys, 512);
+}
+
+// A split prefill's ranges are whole tiles too: 71 query heads on one K/V head (two 64-row blocks per entry) over
+// 2048 keys in 4 ranges of 512, not 5 of 448 (3.5 of the wgmma kernel's 128-key tiles).
+TEST(CudaPlan, SplitRangesAreWholeTilesOfTheKernel) {
+  const CudaPlan mqa71 = plan_of(shape(32, 71, 1, 1, 2048, 64, true));
+  EXPECT_EQ(mqa71.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(mqa71.splits, 4);
+  EXPECT_EQ(mqa71.split_keys, 512);
+  // A forced count is kept where whole tiles make it, and rounded down where they do not (7 tiles in 5 ranges: 4).
+  EXPECT_EQ(plan_with(shape(1, 32, 8, 1, 8192, 128, true), "kernel=wgmma,splits=32").splits, 32);
+  const CudaPlan odd = plan_with(shape(1, 32, 8, 1, 896, 128, true), "kernel=wgmma,splits=5");
+  EXPECT_EQ(odd.splits, 4);
+  EXPECT_EQ(odd.split_keys, 256);
 }
 
 // Up to a consumer warpgroup's 64 rows per K/V head over a long cache stream the same way: each K/V tile is read

@@ -19,7 +19,7 @@ namespace attnkit::cuda {
 namespace {
 
 constexpr std::int64_t kRowBlock = 64;
-constexpr std::int64_t kSplitGranule = 64;   // key ranges are multiples of every kernel's key tile
+constexpr std::int64_t kSplitGranule = 64;   // the shortest key range of a split (split_granule)
 constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the merge than they gain
 // Many-row shapes (prefill) on tensor cores split a key range only when it is long: the partials of every row
 // are written and merged. On the H200 a 512-key BERT layer ran 13.1 us whole and 22.5 us in two ranges with 96
@@ -32,7 +32,7 @@ constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized c
 // Rows per K/V head up to which a long cache is streamed as a decode step on the wgmma kernel: one consumer
 // warpgroup's 64 rows (a Llama decode step's 4, multi-query decode's 32 query heads on one K/V head, a short
 // speculative chunk), each K/V tile read once for all of them, the key split chosen to fill the SMs
-// (core::parts_for_full_rounds).
+// (core::split_for_soonest_finish).
 constexpr std::int64_t kStreamRows = 64;
 // A cache is long enough for that when the whole step holds at least kStreamKeysPerSm keys per SM, when each K/V
 // head has kLongCacheKeys keys (the mma.sync kernel's cluster merge caps its split at 16 ranges, each then a long
@@ -64,6 +64,18 @@ constexpr std::int64_t kTailPieceTiles = 2;
 constexpr std::int64_t kTailMinTiles = 4;
 
 using core::ceil_div;
+
+// Keys per range of a key split: whole tiles of the kernel that runs it (a range of 4.5 tiles costs what 5 do), and
+// at least kSplitGranule (every range a multiple of every kernel's tile, so that any kernel can run a plan's split).
+std::int64_t split_granule(const CudaPlan& plan, const AttentionProblem& p) {
+  std::int64_t tile = kSplitGranule;
+  if (plan.kernel == CudaPlan::Kernel::Warpgroup) {
+    tile = warpgroup_tile_keys(warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim)));
+  } else if (plan.kernel == CudaPlan::Kernel::TensorCore) {
+    tile = mma_tile_keys(mma_bucket(p.head_dim, p.v_head_dim));
+  }
+  return std::max(tile, kSplitGranule);
+}
 
 // The tensor-core kernel copies rows in 16-byte chunks: every row of Q, K and V must start on 16 bytes.
 bool layout_aligned16(const Layout& l) {
@@ -329,16 +341,18 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
   // Split long key ranges when the row blocks alone would not fill the GPU twice over (the tile kernels). The decode
   // kernel also holds a whole range's scores in shared memory: its ranges are at most kDecodeMaxKeys long.
-  // Few rows per K/V head (a decode step): the work is streaming the cache, so the split count is chosen for
-  // whole rounds of resident blocks (core::parts_for_full_rounds).
+  // Few rows per K/V head (a decode step): the work is streaming the cache, so the split is chosen for whole rounds
+  // of resident blocks (core::split_for_soonest_finish). Ranges are whole tiles of the kernel (split_granule).
   const std::int64_t sms = plan.sm_count;
+  const std::int64_t granule = split_granule(plan, p);
+  const std::int64_t tiles = std::max<std::int64_t>(ceil_div(p.k_len, granule), 1);
   std::int64_t most = std::min(std::max<std::int64_t>(p.k_len / kMinSplitKeys, 1), kMaxSplits);
   // A few-row grid that ranges of kMinSplitKeys would still leave mostly idle (a single decoder step: Whisper's
   // 12 heads over 448 or 1500 keys) splits down to single tiles: its merge is a few rows, and each block's
   // chain of dependent tile loads is what the step waits for (448 keys: 9.8 us whole, 7.7 us in 7 ranges;
   // 1500 keys: 11.3 us in 5 ranges, 10.2-10.5 us in 8-24; bench/sweep_cuda.py).
   if (plan.group_rows <= 16 && base_blocks * most * 2 <= sms) {
-    most = std::min(std::max<std::int64_t>(p.k_len / kSplitGranule, 1), kMaxSplits);
+    most = std::min(std::max<std::int64_t>(p.k_len / granule, 1), kMaxSplits);
   }
   // The mma.sync kernel on sm_90 merges a split inside a thread-block cluster (CudaPlan::cluster_merge): at
   // most kMaxClusterSplits ranges (Whisper's cross-attention step, 1500 keys: 12 ranges of 128 keys, 7.65 us,
@@ -348,23 +362,23 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
   const bool streams = plan.group_rows <= 16 || (warpgroup && plan.group_rows <= kStreamRows);
-  if (streams && base_blocks > 0) {
+  // (the decode kernel's ranges hold at most kDecodeMaxKeys keys)
+  const std::int64_t least_for_decode = decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1;
+  if (streams && base_blocks > 0 && o.splits == 0) {
     const std::int64_t resident = sms * device.resident_blocks(plan.kernel);
-    const std::int64_t least = decode ? std::min(ceil_div(p.k_len, kDecodeMaxKeys), kMaxSplits) : 1;
-    want = core::parts_for_full_rounds(base_blocks, resident, least, std::max(least, most));
+    const core::TileSplit cut =
+        core::split_for_soonest_finish(base_blocks, resident, tiles, std::min(least_for_decode, kMaxSplits),
+                                       std::max(std::min(least_for_decode, kMaxSplits), most));
+    want = cut.parts;
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
              (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
               (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
   }
-  if (decode) want = std::max(want, ceil_div(p.k_len, kDecodeMaxKeys));
-  if (o.splits > 0) {
-    const std::int64_t n = o.splits;
-    want = std::max(std::min(n, std::max<std::int64_t>(p.k_len / kSplitGranule, 1)),
-                    decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1);
-  }
+  want = std::max(want, least_for_decode);
+  if (o.splits > 0) want = std::max(std::min<std::int64_t>(o.splits, tiles), least_for_decode);
   if (want > 1) {
-    plan.split_keys = ceil_div(ceil_div(p.k_len, want), kSplitGranule) * kSplitGranule;
+    plan.split_keys = ceil_div(tiles, want) * granule;
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
   plan.blocks = base_blocks * plan.splits;
