@@ -380,6 +380,19 @@ TEST(CudaPlan, EveryHeadDimRunsOnTensorCores) {
   }
 }
 
+// Prefill over few keys at a head dim under 112 between the wgmma buckets stays on mma.sync (short_rows_prefer_mma);
+// from 512 keys, at the buckets themselves, and from 112 up, the wgmma kernel takes it.
+TEST(CudaPlan, ShortRowsBetweenBucketsStayOnTheMmaSyncKernel) {
+  EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 80, false)).kernel, Kernel::TensorCore);  // ViT-H/14
+  EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 80, true)).kernel, Kernel::TensorCore);
+  EXPECT_EQ(plan_of(shape(2, 8, 8, 4096, 77, 40, false)).kernel, Kernel::TensorCore);      // SD 1.5 cross-attention
+  EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 96, false)).kernel, Kernel::TensorCore);
+  EXPECT_EQ(plan_of(shape(8, 16, 16, 512, 512, 80, false)).kernel, Kernel::Warpgroup);
+  EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 64, false)).kernel, Kernel::Warpgroup);
+  EXPECT_EQ(plan_of(shape(64, 12, 12, 128, 128, 112, false)).kernel, Kernel::Warpgroup);
+  EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 160, false)).kernel, Kernel::Warpgroup);
+}
+
 // A problem takes the smallest built bucket that holds it; (192, 128) has its own instance.
 TEST(CudaPlan, HeadDimsTakeTheSmallestBucketThatHoldsThem) {
   using cuda::HeadDimBucket;

@@ -283,11 +283,13 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
-  // warpgroup_bucket_pays, prefill stays on mma.sync)
+  // warpgroup_bucket_pays, or its short rows run faster in mma.sync's 64-key tiles, short_rows_prefer_mma, prefill
+  // stays on mma.sync)
+  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);
   const bool warpgroup_wanted =
       !warpgroup_off &&
-      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(warpgroup_width(p.head_dim, p.v_head_dim),
-                                                                  long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len))) ||
+      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(width, long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len)) &&
+        !short_rows_prefer_mma(width, p.k_len)) ||
        long_stream);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
