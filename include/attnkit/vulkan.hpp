@@ -12,13 +12,35 @@
 
 namespace attnkit::vulkan {
 
+// A device the caller made (an engine that already runs on Vulkan), for the backend to run on instead of making
+// its own. The caller made `device` on `physical_device` of `instance` (Vulkan 1.2 or later) with the features
+// shaderInt64 and storageBuffer16BitAccess enabled, and `queue` is a queue of `queue_family`, a family with compute;
+// `cooperative_matrix`: it also enabled VK_NV_cooperative_matrix with its cooperativeMatrix feature, shaderFloat16
+// and vulkanMemoryModel, so that the float16 cooperative-matrix kernel may run. The caller keeps the handles: the
+// backend never destroys them, and shutdown() must come before the caller destroys them. The backend submits
+// (DeviceAttention::run, Attention on host buffers) to `queue` under its own lock: the caller must not submit to the
+// same queue from another thread at the same time (Vulkan's rule for a queue); DeviceAttention::record submits
+// nothing.
+struct AdoptedDevice {
+  std::uint64_t instance = 0, physical_device = 0, device = 0, queue = 0;  // VkInstance, ..., VkQueue
+  std::uint32_t queue_family = 0;
+  bool cooperative_matrix = false;
+};
+
 // How the backend's shared context (instance, device, queue) is made. It is made on first use; configure()
 // must come before that, or it throws attnkit::Error("vulkan.configure", ...).
 struct Options {
   int device = -1;          // index into devices(); -1: the first discrete GPU, else integrated, virtual, CPU
   bool validation = false;  // load the Khronos validation layers and record what they report as errors
+  AdoptedDevice adopt;      // adopt.device != 0: run on the caller's device (device and validation stay unset:
+                            // the caller's instance has whatever layers the caller gave it)
 };
 void configure(const Options& options);
+// Destroys what the backend made on its device (pipelines, command pool, layouts) and the device and instance if it
+// made them; after it, the backend is gone for the rest of the process (a call throws attnkit::Error). With an
+// adopted device, call it after destroying every DeviceAttention and Vulkan Attention (they free their buffers) and
+// before destroying the device. (Without it the backend cleans up at exit.)
+void shutdown();
 // Whether the Khronos validation layer is installed (Options::validation needs it).
 bool validation_available();
 
@@ -48,7 +70,7 @@ double last_gpu_milliseconds();
 // The backend's instance, device and queue (makes the context; throws attnkit::Error when no device is usable),
 // for an engine that keeps its tensors on that device: buffers it makes on `device` (with
 // VK_BUFFER_USAGE_STORAGE_BUFFER_BIT) can be DeviceAttention's inputs and outputs. The handles stay the
-// backend's: do not destroy them. (Adopting a device the caller made is not supported.)
+// backend's: do not destroy them (with Options::adopt they are the caller's own).
 struct NativeHandles {
   std::uint64_t instance = 0, physical_device = 0, device = 0, queue = 0;  // VkInstance, ..., VkQueue
   std::uint32_t queue_family = 0;  // the compute queue's family (for the caller's command pool)

@@ -154,6 +154,42 @@ std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
   return list;
 }
 
+// Options::adopt checked as far as the handles allow: the physical device is one of the instance's and offers what
+// the kernels need, the queue family has compute. (Which features the caller enabled cannot be read back from a
+// VkDevice: AdoptedDevice states what it must have.)
+void check_adoption(const Options& options) {
+  const AdoptedDevice& a = options.adopt;
+  if (options.validation) {
+    throw Error("vulkan.Options.validation", "is for a device the backend makes: enable the validation layers on the "
+                                             "adopted device's own instance");
+  }
+  if (options.device >= 0) throw Error("vulkan.Options.device", "must stay -1 with an adopted device");
+  if (a.instance == 0 || a.physical_device == 0 || a.queue == 0) {
+    throw Error("vulkan.Options.adopt", "instance, physical_device, device and queue must all be set");
+  }
+  const auto instance = reinterpret_cast<VkInstance>(a.instance);
+  const auto physical = reinterpret_cast<VkPhysicalDevice>(a.physical_device);
+  const auto list = physical_devices(instance);
+  const auto at = std::find(list.begin(), list.end(), physical);
+  if (at == list.end()) throw Error("vulkan.Options.adopt.physical_device", "is not a physical device of adopt.instance");
+  const DeviceInfo info = describe_device(instance, physical, static_cast<int>(at - list.begin()));
+  if (!info.usable) {
+    throw Error("vulkan.Options.adopt.physical_device",
+                "does not offer what the kernels need (Vulkan 1.2, 16-bit storage, 64-bit integers)");
+  }
+  std::uint32_t n = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical, &n, nullptr);
+  std::vector<VkQueueFamilyProperties> families(n);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical, &n, families.data());
+  if (a.queue_family >= n || !(families[a.queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
+    throw Error("vulkan.Options.adopt.queue_family", "must be a queue family of the physical device with compute");
+  }
+  if (a.cooperative_matrix && !info.cooperative_matrix) {
+    throw Error("vulkan.Options.adopt.cooperative_matrix",
+                "the physical device offers no float16 16x16x16 cooperative matrices with float32 accumulators");
+  }
+}
+
 std::mutex g_context_mutex;
 Options g_options;
 // Made on first use; destroyed by an exit handler registered once it is made. Not by a static destructor: that
@@ -215,6 +251,43 @@ Buffer::~Buffer() {
 }
 
 Context::Context(const Options& options) {
+  if (options.adopt.device != 0) {
+    adopt(options);
+  } else {
+    make_device(options);
+  }
+  VkPhysicalDeviceProperties props;
+  vkGetPhysicalDeviceProperties(physical_, &props);
+  limits_ = props.limits;
+  vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
+  {
+    std::uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, nullptr);
+    std::vector<VkQueueFamilyProperties> families(n);
+    vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, families.data());
+    if (families[queue_family_].timestampValidBits > 0 && limits_.timestampComputeAndGraphics) {
+      timestamp_period_ns_ = limits_.timestampPeriod;
+    }
+  }
+  make_layouts();
+}
+
+// The caller's device (Options::adopt, checked by configure()).
+void Context::adopt(const Options& options) {
+  const AdoptedDevice& a = options.adopt;
+  owns_device_ = false;
+  instance_ = reinterpret_cast<VkInstance>(a.instance);
+  physical_ = reinterpret_cast<VkPhysicalDevice>(a.physical_device);
+  device_ = reinterpret_cast<VkDevice>(a.device);
+  queue_ = reinterpret_cast<VkQueue>(a.queue);
+  queue_family_ = a.queue_family;
+  const auto list = physical_devices(instance_);
+  info_ = describe_device(instance_, physical_, static_cast<int>(std::find(list.begin(), list.end(), physical_) - list.begin()));
+  info_.cooperative_matrix = a.cooperative_matrix;
+}
+
+// The backend's own instance (with the validation layers when asked) and device, on the chosen physical device.
+void Context::make_device(const Options& options) {
   const bool validation = options.validation && layer_present(kValidationLayer);
   if (options.validation && !validation) {
     throw Error("vulkan.Options.validation", "the Khronos validation layer (vulkan-validationlayers) is not installed");
@@ -253,20 +326,7 @@ Context::Context(const Options& options) {
   if (chosen < 0) throw Error("config.backend", "no usable Vulkan device (Vulkan 1.2, 16-bit storage, 64-bit integers)");
   physical_ = list[chosen];
   info_ = describe_device(instance_, physical_, chosen);
-  VkPhysicalDeviceProperties props;
-  vkGetPhysicalDeviceProperties(physical_, &props);
-  limits_ = props.limits;
-  vkGetPhysicalDeviceMemoryProperties(physical_, &memory_);
   queue_family_ = *compute_family(physical_);
-  {
-    std::uint32_t n = 0;
-    vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, nullptr);
-    std::vector<VkQueueFamilyProperties> families(n);
-    vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, families.data());
-    if (families[queue_family_].timestampValidBits > 0 && limits_.timestampComputeAndGraphics) {
-      timestamp_period_ns_ = limits_.timestampPeriod;
-    }
-  }
 
   DeviceFeatures enable;
   enable.chain(info_.cooperative_matrix);
@@ -291,7 +351,10 @@ Context::Context(const Options& options) {
   di.ppEnabledExtensionNames = &coop_ext;
   check(vkCreateDevice(physical_, &di, nullptr, &device_), "vkCreateDevice");
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+}
 
+// What every dispatch uses: the command pool, the descriptor set layout and the pipeline layout.
+void Context::make_layouts() {
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pi.queueFamilyIndex = queue_family_;
@@ -323,14 +386,14 @@ Context::~Context() {
     vkDestroyPipelineLayout(device_, pipeline_layout_, nullptr);
     vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
     vkDestroyCommandPool(device_, pool_, nullptr);
-    vkDestroyDevice(device_, nullptr);
+    if (owns_device_) vkDestroyDevice(device_, nullptr);
   }
   if (messenger_ != VK_NULL_HANDLE) {
     auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
         vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
     destroy(instance_, messenger_, nullptr);
   }
-  if (instance_ != VK_NULL_HANDLE) vkDestroyInstance(instance_, nullptr);
+  if (instance_ != VK_NULL_HANDLE && owns_device_) vkDestroyInstance(instance_, nullptr);
 }
 
 std::uint32_t Context::memory_type(std::uint32_t allowed, VkMemoryPropertyFlags want, VkMemoryPropertyFlags avoid) const {
@@ -383,7 +446,7 @@ Context& shared_context() {
   std::lock_guard lock(g_context_mutex);
   if (!g_context) {
     if (g_context_failed) throw Error("config.backend", "no usable Vulkan device");
-    if (g_context_gone) throw Error("config.backend", "the Vulkan backend's context is gone (the process is exiting)");
+    if (g_context_gone) throw Error("config.backend", "the Vulkan backend's context is gone (vulkan::shutdown, or the process is exiting)");
     try {
       g_context = new Context(g_options);
     } catch (...) {
@@ -404,9 +467,12 @@ bool context_available() {
   }
 }
 
+void shutdown() { destroy_shared_context(); }
+
 void configure(const Options& options) {
   std::lock_guard lock(g_context_mutex);
   if (g_context || g_context_failed) throw Error("vulkan.configure", "must come before the backend's first use");
+  if (options.adopt.device != 0) check_adoption(options);
   g_options = options;
 }
 

@@ -1,7 +1,7 @@
 // The Vulkan backend's device context: instance (with the validation layers when asked), the chosen physical
 // device, a logical device with one compute queue, a command pool, the device's limits and the buffers and
-// pipelines made on it. One shared context per process (shared_context()): made on first use, destroyed by an
-// exit handler (context.cpp says why).
+// pipelines made on it. One shared context per process (shared_context()): made on first use (or on the caller's
+// device, Options::adopt), destroyed by shutdown() or an exit handler (context.cpp says why).
 #pragma once
 
 #include <attnkit/vulkan.hpp>
@@ -85,6 +85,11 @@ class Context {
   void record_validation_error(std::string message);
 
  private:
+  void make_device(const Options& options);
+  void adopt(const Options& options);
+  void make_layouts();
+
+  bool owns_device_ = true;  // false: Options::adopt's device and instance, the caller's to destroy
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
   VkPhysicalDevice physical_ = VK_NULL_HANDLE;

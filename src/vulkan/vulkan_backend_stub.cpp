@@ -14,6 +14,7 @@ std::string describe(const Session&) { return "vulkan (not built)"; }
 void run(Session&, const AttentionArgs&) { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
 
 void configure(const Options&) {}
+void shutdown() {}
 bool validation_available() { return false; }
 std::vector<DeviceInfo> devices() { return {}; }
 DeviceInfo current_device() { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
