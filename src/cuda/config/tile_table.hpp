@@ -108,7 +108,8 @@ constexpr bool warpgroup_bucket_pays(std::int64_t head_dim, bool long_keys) { re
 // that is not a wgmma bucket: the mma.sync kernel's 64-key tiles and finer bucket ran faster on the H200 (d 40 over
 // 77 keys 16.1 against 17.5 us, over 256 13.0 against 15.1; d 80 over 257 109 against 114, causal 94 against 119;
 // d 96 over 257 111 against 114), while from 512 keys the wgmma kernel leads (d 40 20.8 against 22.6, d 80 49.8
-// against 70.1), and at d 112 even over 128 keys (48.6 against 56.8; bench/results/2026-12-05-h200-split-tiles-and-short-keys.md).
+// against 70.1), and at d 112 even over 128 keys (48.6 against 56.8;
+// bench/results/2026-12-05-h200-split-tiles-and-short-keys.md).
 inline constexpr std::int64_t kShortRowKeys = 320;
 constexpr bool short_rows_prefer_mma(std::int64_t width, std::int64_t k_len) {
   return width < 112 && width % 64 != 0 && k_len <= kShortRowKeys;

@@ -286,11 +286,10 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // warpgroup_bucket_pays, or its short rows run faster in mma.sync's 64-key tiles, short_rows_prefer_mma, prefill
   // stays on mma.sync)
   const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);
-  const bool warpgroup_wanted =
-      !warpgroup_off &&
-      ((!quantized && group_rows > kRowBlock && whole_waves && warpgroup_bucket_pays(width, long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len)) &&
-        !short_rows_prefer_mma(width, p.k_len)) ||
-       long_stream);
+  const bool long_keys = long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len);
+  const bool prefill_wants_warpgroup = !quantized && group_rows > kRowBlock && whole_waves &&
+                                       warpgroup_bucket_pays(width, long_keys) && !short_rows_prefer_mma(width, p.k_len);
+  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
