@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "mapped_buffer.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -157,49 +159,6 @@ struct OwnDevice {
 OwnDevice g_own;
 bool g_have_device = false;
 
-// A host-visible, coherent storage buffer of the program's own device, mapped for its whole life.
-class OwnBuffer {
- public:
-  explicit OwnBuffer(std::uint64_t bytes) : size_(bytes) {
-    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-    bi.size = bytes;
-    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
-    EXPECT_EQ(vkCreateBuffer(g_own.device, &bi, nullptr, &buffer_), VK_SUCCESS);
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(g_own.device, buffer_, &req);
-    VkPhysicalDeviceMemoryProperties props;
-    vkGetPhysicalDeviceMemoryProperties(g_own.physical, &props);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    std::uint32_t type = 0;
-    while (type < props.memoryTypeCount &&
-           !((req.memoryTypeBits >> type & 1u) && (props.memoryTypes[type].propertyFlags & want) == want)) {
-      ++type;
-    }
-    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-    ai.allocationSize = req.size;
-    ai.memoryTypeIndex = type;
-    EXPECT_EQ(vkAllocateMemory(g_own.device, &ai, nullptr, &memory_), VK_SUCCESS);
-    EXPECT_EQ(vkBindBufferMemory(g_own.device, buffer_, memory_, 0), VK_SUCCESS);
-    EXPECT_EQ(vkMapMemory(g_own.device, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), VK_SUCCESS);
-  }
-  ~OwnBuffer() {
-    vkUnmapMemory(g_own.device, memory_);
-    vkDestroyBuffer(g_own.device, buffer_, nullptr);
-    vkFreeMemory(g_own.device, memory_, nullptr);
-  }
-  OwnBuffer(const OwnBuffer&) = delete;
-  OwnBuffer& operator=(const OwnBuffer&) = delete;
-
-  std::byte* bytes() const { return static_cast<std::byte*>(mapped_); }
-  vulkan::DeviceBuffer at(std::uint64_t offset) const { return {reinterpret_cast<std::uint64_t>(buffer_), offset, size_}; }
-
- private:
-  std::uint64_t size_;
-  VkBuffer buffer_ = VK_NULL_HANDLE;
-  VkDeviceMemory memory_ = VK_NULL_HANDLE;
-  void* mapped_ = nullptr;
-};
-
 #define SKIP_WITHOUT_DEVICE() \
   if (!g_have_device) GTEST_SKIP() << "no usable Vulkan device"
 
@@ -260,7 +219,7 @@ TEST(VulkanAdoptedDevice, DeviceBufferCallsRunAndRecordOnTheCallersQueue) {
   const std::int64_t n = p.batch * p.heads * p.q_len * p.head_dim, nk = p.batch * p.kv_heads * p.k_len * p.head_dim;
   const std::uint64_t q_at = 0, k_at = 256 * ((n * 2 + 255) / 256), v_at = k_at + 256 * ((nk * 2 + 255) / 256);
   const std::uint64_t o_at = v_at + 256 * ((nk * 2 + 255) / 256), end = o_at + 256 * ((n * 2 + 255) / 256);
-  OwnBuffer buf(end);
+  MappedBuffer buf(g_own.device, g_own.physical, end);
   std::vector<std::uint16_t> q(n), k(nk), v(nk), o_host(n);
   for (std::int64_t i = 0; i < n; ++i) store_from_float(q.data(), DType::f16, i, normal(rng));
   for (std::int64_t i = 0; i < nk; ++i) store_from_float(k.data(), DType::f16, i, normal(rng));

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "mapped_buffer.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,54 +27,12 @@ bool have_vulkan() {
   return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
 }
 
-// A host-visible, coherent storage buffer on the backend's device, mapped for the test's whole life.
-class MappedBuffer {
- public:
-  explicit MappedBuffer(std::uint64_t bytes) : device_(reinterpret_cast<VkDevice>(vulkan::native_handles().device)) {
-    const vulkan::NativeHandles h = vulkan::native_handles();
-    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-    bi.size = bytes;
-    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
-    EXPECT_EQ(vkCreateBuffer(device_, &bi, nullptr, &buffer_), VK_SUCCESS);
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(device_, buffer_, &req);
-    VkPhysicalDeviceMemoryProperties props;
-    vkGetPhysicalDeviceMemoryProperties(reinterpret_cast<VkPhysicalDevice>(h.physical_device), &props);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    std::uint32_t type = 0;
-    while (type < props.memoryTypeCount &&
-           !((req.memoryTypeBits >> type & 1u) && (props.memoryTypes[type].propertyFlags & want) == want)) {
-      ++type;
-    }
-    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-    ai.allocationSize = req.size;
-    ai.memoryTypeIndex = type;
-    EXPECT_EQ(vkAllocateMemory(device_, &ai, nullptr, &memory_), VK_SUCCESS);
-    EXPECT_EQ(vkBindBufferMemory(device_, buffer_, memory_, 0), VK_SUCCESS);
-    EXPECT_EQ(vkMapMemory(device_, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), VK_SUCCESS);
-    size_ = bytes;
-  }
-  ~MappedBuffer() {
-    vkUnmapMemory(device_, memory_);
-    vkDestroyBuffer(device_, buffer_, nullptr);
-    vkFreeMemory(device_, memory_, nullptr);
-  }
-  MappedBuffer(const MappedBuffer&) = delete;
-  MappedBuffer& operator=(const MappedBuffer&) = delete;
-
-  std::byte* bytes() const { return static_cast<std::byte*>(mapped_); }
-  // The tensor at byte `offset` of this buffer.
-  vulkan::DeviceBuffer at(std::uint64_t offset) const {
-    return {reinterpret_cast<std::uint64_t>(buffer_), offset, size_};
-  }
-
- private:
-  VkDevice device_;
-  VkBuffer buffer_ = VK_NULL_HANDLE;
-  VkDeviceMemory memory_ = VK_NULL_HANDLE;
-  void* mapped_ = nullptr;
-  std::uint64_t size_ = 0;
-};
+// A mapped buffer on the backend's own device.
+MappedBuffer backend_buffer(std::uint64_t bytes) {
+  const vulkan::NativeHandles h = vulkan::native_handles();
+  return MappedBuffer(reinterpret_cast<VkDevice>(h.device), reinterpret_cast<VkPhysicalDevice>(h.physical_device),
+                      bytes);
+}
 
 // A float16 problem with key lengths and the LSE, and its tensors laid one after another in one buffer, each on
 // a 256-byte boundary (every device's storage-offset alignment divides 256).
@@ -174,7 +134,7 @@ class VulkanDeviceBuffers : public ::testing::Test {
 
 TEST_F(VulkanDeviceBuffers, RunMatchesTheHostCallBitForBit) {
   const Packed t;
-  MappedBuffer buf(t.end);
+  MappedBuffer buf = backend_buffer(t.end);
   t.upload(buf);
   vulkan::DeviceAttention op(t.p);
   op.run(t.args(buf));
@@ -187,7 +147,7 @@ TEST_F(VulkanDeviceBuffers, RunMatchesTheHostCallBitForBit) {
 
 TEST_F(VulkanDeviceBuffers, RecordedIntoTheCallersCommandBufferMatchesTheHostCall) {
   const Packed t;
-  MappedBuffer buf(t.end);
+  MappedBuffer buf = backend_buffer(t.end);
   t.upload(buf);
   vulkan::DeviceAttention op(t.p, parse_plan_overrides("splits=3"));  // with the merge pass
   const vulkan::NativeHandles h = vulkan::native_handles();
@@ -218,7 +178,7 @@ TEST_F(VulkanDeviceBuffers, RecordedIntoTheCallersCommandBufferMatchesTheHostCal
 
 TEST_F(VulkanDeviceBuffers, BadBuffersAreRefusedByNameAndNothingIsWritten) {
   const Packed t;
-  MappedBuffer buf(t.end);
+  MappedBuffer buf = backend_buffer(t.end);
   t.upload(buf);
   const std::vector<std::byte> poisoned = t.device_result(buf);
   vulkan::DeviceAttention op(t.p);
@@ -259,7 +219,7 @@ TEST_F(VulkanDeviceBuffers, BadBuffersAreRefusedByNameAndNothingIsWritten) {
 TEST_F(VulkanDeviceBuffers, AnOutOfRangeDeviceKeyLengthHidesItsEntry) {
   Packed t;
   t.lengths = {static_cast<std::int32_t>(t.p.k_len + 1), 120};
-  MappedBuffer buf(t.end);
+  MappedBuffer buf = backend_buffer(t.end);
   t.upload(buf);
   vulkan::DeviceAttention(t.p).run(t.args(buf));
   const std::vector<std::byte> got = t.device_result(buf);
