@@ -201,29 +201,37 @@ TEST(Amx, TileProductsMatchFloat64) {
       }
     }
   }
-  for (const auto& [dv16, v_terms] : {std::pair<std::int64_t, int>{16, 1}, {48, 1}, {256, 1}, {48, 2}}) {
-    std::vector<std::uint16_t> vt(static_cast<std::size_t>(v_terms * dv16 * kK));
-    std::vector<std::uint16_t> pp(static_cast<std::size_t>(cpu::amx::kProbabilityTerms * kK * kL));
+  // (several tiles: one sum over every key of the step's tiles)
+  for (const auto& [dv16, v_terms, tiles] : {std::tuple<std::int64_t, int, int>{16, 1, 1}, {48, 1, 1}, {256, 1, 1},
+                                             {48, 2, 1}, {48, 1, 3}, {32, 2, cpu::amx::kTilesPerStep}}) {
+    const std::int64_t tile_p = cpu::amx::kProbabilityTerms * kK * kL;
+    std::vector<std::uint16_t> vt(static_cast<std::size_t>(tiles * v_terms * dv16 * kK));
+    std::vector<std::uint16_t> pp(static_cast<std::size_t>(tiles * tile_p));
     for (auto& x : vt) x = float_to_bf16_bits(normal(rng));
     for (auto& x : pp) x = float_to_bf16_bits(std::abs(normal(rng)));
+    std::vector<const std::uint16_t*> vt_tiles;
+    for (int g = 0; g < tiles; ++g) vt_tiles.push_back(vt.data() + g * v_terms * dv16 * kK);
     std::vector<float> out(static_cast<std::size_t>(dv16 * kL), -1.0f);
     cpu::amx::begin();
-    cpu::amx::values(vt.data(), v_terms, pp.data(), dv16, out.data());
+    cpu::amx::values(vt_tiles.data(), tiles, v_terms, pp.data(), dv16, out.data());
     cpu::amx::end();
     for (std::int64_t d = 0; d < dv16; ++d) {
       for (int q = 0; q < kL; ++q) {
         double ref = 0.0, mag = 0.0;
-        for (int vterm = 0; vterm < v_terms; ++vterm) {
-          for (int t = 0; t < cpu::amx::kProbabilityTerms; ++t) {
-            for (int j = 0; j < kK; ++j) {
-              const double x = double(bf16_bits_to_float(vt[(vterm * dv16 + d) * kK + j])) *
-                               bf16_bits_to_float(pp[t * kK * kL + (j / 2) * kL * 2 + q * 2 + j % 2]);
-              ref += x;
-              mag += std::abs(x);
+        for (int g = 0; g < tiles; ++g) {
+          for (int vterm = 0; vterm < v_terms; ++vterm) {
+            for (int t = 0; t < cpu::amx::kProbabilityTerms; ++t) {
+              for (int j = 0; j < kK; ++j) {
+                const double x = double(bf16_bits_to_float(vt_tiles[g][(vterm * dv16 + d) * kK + j])) *
+                                 bf16_bits_to_float(pp[g * tile_p + t * kK * kL + (j / 2) * kL * 2 + q * 2 + j % 2]);
+                ref += x;
+                mag += std::abs(x);
+              }
             }
           }
         }
-        ASSERT_NEAR(out[d * kL + q], ref, 1e-6 * mag + 1e-30) << "dv " << dv16 << " dim " << d << " query " << q;
+        ASSERT_NEAR(out[d * kL + q], ref, 1e-6 * mag + 1e-30)
+            << "dv " << dv16 << " dim " << d << " query " << q << " tiles " << tiles;
       }
     }
   }

@@ -200,15 +200,18 @@ inline std::int64_t stage_amx_tile(const ItemJob& job, std::int64_t k0, std::int
 
 // The staged operands of the key tile that starts at k0 (a multiple of kKeyTile) with n keys: from the thread's
 // copy of the head (staged there the first time a row block of the head asks for it; a copy of another head is
-// dropped first), or staged now into the item's own buffers.
-inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
+// dropped first), or staged now into the item's own buffers of the step's tile `slot`.
+inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, int slot) {
   const AttentionProblem& p = *job.problem;
   const Workspace& w = *job.ws;
   const std::int64_t dim32 = amx::score_dim32(p.dtype, p.head_dim);
   const std::int64_t vt_size = round_up(p.v_head_dim, 16) * kKeyTile * amx::input_terms(p.dtype);
   if (!job.widened) {
-    const std::int64_t bad = stage_amx_tile(job, k0, n, w.k_bf16, w.vt_bf16, w.amx_bad_keys);
-    return {w.k_bf16, w.vt_bf16, w.amx_bad_keys, bad};
+    std::uint16_t* k = w.k_bf16 + slot * kKeyTile * dim32;
+    std::uint16_t* vt = w.vt_bf16 + slot * vt_size;
+    std::int32_t* bad_keys = w.amx_bad_keys + slot * kKeyTile;
+    const std::int64_t bad = stage_amx_tile(job, k0, n, k, vt, bad_keys);
+    return {k, vt, bad_keys, bad};
   }
   hold_head_copy(job);
   const std::int64_t t = k0 / kKeyTile;
@@ -226,10 +229,11 @@ inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n) {
 // bfloat16 terms each: each term is the remainder cut to its top bfloat16 bits (exact in float32, as is what is
 // left), so the three hold all 24 bits of P.
 template <class DF, class VF = hn::Vec<DF>>
-HWY_INLINE void store_probability_terms(DF df, const Workspace& w, std::int64_t jp, std::size_t v, VF even, VF odd) {
+HWY_INLINE void store_probability_terms(DF df, std::uint16_t* p_pairs, std::int64_t jp, std::size_t v, VF even,
+                                        VF odd) {
   const hn::RebindToUnsigned<DF> du;
   const std::size_t L = hn::Lanes(df);
-  auto* pairs = reinterpret_cast<std::uint32_t*>(w.p_pairs);
+  auto* pairs = reinterpret_cast<std::uint32_t*>(p_pairs);
   const auto high = hn::Set(du, 0xFFFF0000u);
   constexpr std::int64_t kTermPairs = kKeyTile / 2 * kRowBlock;
   for (int term = 0; term < amx::kProbabilityTerms; ++term) {
@@ -242,28 +246,36 @@ HWY_INLINE void store_probability_terms(DF df, const Workspace& w, std::int64_t 
   }
 }
 
-// O^T = O^T * alpha + P V for the tile on AMX (P already in w.p_pairs, and as float32 in w.st where the tile has
-// inf or NaN values of V): the product, the
-// inf or NaN values of V that staging left out added where their key's P is not 0 (a row that sees one gets it,
-// one that does not keeps the bits of a finite V), then the update.
-inline void amx_value_tile(const ItemJob& job, const AmxTile& tile, std::int64_t k0, std::size_t nvec) {
+// O^T = O^T * alpha + P V for a step's `tiles` key tiles on AMX (P already in w.p_pairs, and as float32 in w.st
+// where a tile has inf or NaN values of V): the product, the inf or NaN values of V that staging left out added
+// where their key's P is not 0 (a row that sees one gets it, one that does not keeps the bits of a finite V), then
+// the update.
+inline void amx_value_step(const ItemJob& job, const AmxTile* tiles_operands, int tiles, std::int64_t s0,
+                           std::size_t nvec) {
   const AttentionProblem& p = *job.problem;
   const Workspace& w = *job.ws;
   const std::int64_t dv = p.v_head_dim;
   const hn::ScalableTag<float> df;
   const std::size_t L = hn::Lanes(df);
-  amx::values(tile.vt, amx::input_terms(p.dtype), w.p_pairs, round_up(dv, 16), w.tile_pv);
-  for (std::int64_t i = 0; i < tile.bad; ++i) {
-    const std::int64_t j = tile.bad_keys[i];
-    float* vrow = w.row;
-    widen_row(static_cast<const char*>(job.args->v.data) +
-                  job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j) * static_cast<std::int64_t>(sizeof(std::uint16_t)),
-              p.dtype, dv, vrow);
-    for (std::int64_t d = 0; d < dv; ++d) {
-      if (std::isfinite(vrow[d])) continue;
-      for (std::size_t r = 0; r < nvec * L; ++r) {
-        const float weight = w.st[j * kRowBlock + static_cast<std::int64_t>(r)];
-        if (weight != 0.0f) w.tile_pv[d * kRowBlock + static_cast<std::int64_t>(r)] += weight * vrow[d];
+  const std::uint16_t* vt[amx::kTilesPerStep];
+  for (int g = 0; g < tiles; ++g) vt[g] = tiles_operands[g].vt;
+  amx::values(vt, tiles, amx::input_terms(p.dtype), w.p_pairs, round_up(dv, 16), w.tile_pv);
+  for (int g = 0; g < tiles; ++g) {
+    const AmxTile& tile = tiles_operands[g];
+    const float* st = w.st + g * kKeyTile * kRowBlock;
+    for (std::int64_t i = 0; i < tile.bad; ++i) {
+      const std::int64_t j = tile.bad_keys[i];
+      float* vrow = w.row;
+      widen_row(static_cast<const char*>(job.args->v.data) +
+                    job.seqs->key_index(p.v, job.seq, job.b, job.kvh, s0 + g * kKeyTile + j) *
+                        static_cast<std::int64_t>(sizeof(std::uint16_t)),
+                p.dtype, dv, vrow);
+      for (std::int64_t d = 0; d < dv; ++d) {
+        if (std::isfinite(vrow[d])) continue;
+        for (std::size_t r = 0; r < nvec * L; ++r) {
+          const float weight = st[j * kRowBlock + static_cast<std::int64_t>(r)];
+          if (weight != 0.0f) w.tile_pv[d * kRowBlock + static_cast<std::int64_t>(r)] += weight * vrow[d];
+        }
       }
     }
   }

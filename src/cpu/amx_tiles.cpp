@@ -95,11 +95,14 @@ __attribute__((target("amx-tile,amx-bf16"))) void scores(const std::uint16_t* k,
 }
 
 // Tiles 0-3: T for output dims db..db+31 x queries qb..qb+31 (2 x 2 blocks of 16, four independent sums so
-// that the products' latency overlaps); 4, 5: V^T blocks (of each of V's terms in turn); 6, 7: P pairs of one term. A last block of 16 dims
-// (dv16 an odd multiple of 16) takes tiles 0 and 1.
-__attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* vt_terms, int v_terms,
-                                                          const std::uint16_t* p_pairs, std::int64_t dv16, float* out) {
+// that the products' latency overlaps); 4, 5: V^T blocks (of each of V's terms in turn); 6, 7: P pairs of one
+// term. A last block of 16 dims (dv16 an odd multiple of 16) takes tiles 0 and 1. The sums run over every key of
+// every tile of the step, tile by tile.
+__attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* const* vt_tiles, int tiles,
+                                                          int v_terms, const std::uint16_t* p_pairs,
+                                                          std::int64_t dv16, float* out) {
   constexpr std::int64_t kTermStride = kTileKeys * kLanes;  // uint16 per term of P
+  constexpr std::int64_t kTileStride = kProbabilityTerms * kTermStride;
   constexpr long kVtStride = kTileKeys * 2;
   constexpr long kPairStride = kLanes * 2 * 2;
   constexpr long kOutStride = kLanes * 4;
@@ -111,19 +114,21 @@ __attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* vt
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
-        const int k0 = k0v % kTileKeys;
-        const std::uint16_t* vt = vt_terms + (k0v / kTileKeys) * vt_term_stride;
-        _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
-        _tile_loadd(5, vt + (db + 16) * kTileKeys + k0, kVtStride);
-        for (int term = 0; term < kProbabilityTerms; ++term) {
-          const std::uint16_t* pairs = p_pairs + term * kTermStride + (k0 / 2) * kLanes * 2;
-          _tile_loadd(6, pairs + qb * 2, kPairStride);
-          _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+      for (int g = 0; g < tiles; ++g) {
+        for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
+          const int k0 = k0v % kTileKeys;
+          const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
+          _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
+          _tile_loadd(5, vt + (db + 16) * kTileKeys + k0, kVtStride);
+          for (int term = 0; term < kProbabilityTerms; ++term) {
+            const std::uint16_t* pairs = p_pairs + g * kTileStride + term * kTermStride + (k0 / 2) * kLanes * 2;
+            _tile_loadd(6, pairs + qb * 2, kPairStride);
+            _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
         }
       }
       _tile_stored(0, out + db * kLanes + qb, kOutStride);
@@ -136,16 +141,18 @@ __attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* vt
     for (int qb = 0; qb < kLanes; qb += 32) {
       _tile_zero(0);
       _tile_zero(1);
-      for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
-        const int k0 = k0v % kTileKeys;
-        const std::uint16_t* vt = vt_terms + (k0v / kTileKeys) * vt_term_stride;
-        _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
-        for (int term = 0; term < kProbabilityTerms; ++term) {
-          const std::uint16_t* pairs = p_pairs + term * kTermStride + (k0 / 2) * kLanes * 2;
-          _tile_loadd(6, pairs + qb * 2, kPairStride);
-          _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
+      for (int g = 0; g < tiles; ++g) {
+        for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
+          const int k0 = k0v % kTileKeys;
+          const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
+          _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
+          for (int term = 0; term < kProbabilityTerms; ++term) {
+            const std::uint16_t* pairs = p_pairs + g * kTileStride + term * kTermStride + (k0 / 2) * kLanes * 2;
+            _tile_loadd(6, pairs + qb * 2, kPairStride);
+            _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+          }
         }
       }
       _tile_stored(0, out + db * kLanes + qb, kOutStride);

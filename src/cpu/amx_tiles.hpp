@@ -32,6 +32,9 @@ inline constexpr int kLanes = static_cast<int>(kRowBlock);
 inline constexpr int kTileKeys = static_cast<int>(kKeyTile);
 static_assert(kLanes == 64 && kTileKeys == 64, "the products are written for 64 x 64 tiles");
 inline constexpr int kProbabilityTerms = 3;
+// Key tiles per softmax step: the step's scores are all taken before its softmax, so the running output is
+// rescaled once per step and the step's P V summed in the tiles' accumulators.
+inline constexpr int kTilesPerStep = 8;
 
 // bfloat16 terms of one input element: 1 for bfloat16, 2 for float16.
 inline int input_terms(DType t) { return t == DType::f16 ? 2 : 1; }
@@ -45,7 +48,10 @@ bool available();
 void begin();
 void end();
 void scores(const std::uint16_t* k, const std::uint16_t* q_pairs, std::int64_t dim32, float* st);
-void values(const std::uint16_t* vt, int v_terms, const std::uint16_t* p_pairs, std::int64_t dv16, float* out);
+// out = P V over `tiles` key tiles: tile g's V^T at vt[g], its P terms at p_pairs + g * kProbabilityTerms *
+// kTileKeys * kLanes.
+void values(const std::uint16_t* const* vt, int tiles, int v_terms, const std::uint16_t* p_pairs, std::int64_t dv16,
+            float* out);
 // vt from V's keys in pairs: v_pairs [kTileKeys / 2][dv16] (32-bit: key 2j's value low, key 2j + 1's high) is
 // transposed into vt, read as [dv16][kTileKeys / 2] 32-bit pairs, which is vt's layout.
 void transpose_pairs(const std::uint32_t* v_pairs, std::int64_t dv16, std::uint16_t* vt);

@@ -119,7 +119,8 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   Workspace w{};
   w.qt = take<float>(base, off, head_dim * kRowBlock);
   w.qrows = take<float>(base, off, kRowBlock * head_dim);
-  w.st = take<float>(base, off, kKeyTile * kRowBlock);
+  const std::int64_t step_tiles = amx ? amx::kTilesPerStep : 1;  // score tiles a softmax step holds
+  w.st = take<float>(base, off, step_tiles * kKeyTile * kRowBlock);
   w.ot = take<float>(base, off, v_head_dim * kRowBlock);
   w.orows = take<float>(base, off, kRowBlock * v_head_dim);
   w.max = take<float>(base, off, kRowBlock);
@@ -139,13 +140,13 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.kbits = take<const std::uint16_t*>(base, off, kKeyTile);
   const std::int64_t dim32 = amx ? amx::score_dim32(amx_dtype, head_dim) : (head_dim + 31) / 32 * 32;
   const std::int64_t dv16 = (v_head_dim + 15) / 16 * 16, v_terms = amx ? amx::input_terms(amx_dtype) : 1;
-  w.k_bf16 = take<std::uint16_t>(base, off, kKeyTile * dim32);
+  w.k_bf16 = take<std::uint16_t>(base, off, step_tiles * kKeyTile * dim32);
   w.q_pairs = take<std::uint16_t>(base, off, dim32 * kRowBlock);
-  w.vt_bf16 = take<std::uint16_t>(base, off, v_terms * dv16 * kKeyTile);
+  w.vt_bf16 = take<std::uint16_t>(base, off, step_tiles * v_terms * dv16 * kKeyTile);
   w.amx_row = take<std::uint16_t>(base, off, 6 * std::max(head_dim, v_head_dim));
-  w.p_pairs = take<std::uint16_t>(base, off, amx::kProbabilityTerms * kKeyTile * kRowBlock);
+  w.p_pairs = take<std::uint16_t>(base, off, step_tiles * amx::kProbabilityTerms * kKeyTile * kRowBlock);
   w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
-  w.amx_bad_keys = take<std::int32_t>(base, off, kKeyTile);
+  w.amx_bad_keys = take<std::int32_t>(base, off, step_tiles * kKeyTile);
   const std::int64_t float_keys = amx ? 0 : widened_keys, staged_keys = amx ? widened_keys : 0;
   w.widened_k = take<float>(base, off, float_keys * head_dim);
   w.widened_v = take<float>(base, off, float_keys * v_head_dim);

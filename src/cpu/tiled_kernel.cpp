@@ -256,36 +256,34 @@ void prefetch_item_rows(const ItemJob& job, bool output) {
   }
 }
 
-// One work item: rows [first_row, first_row + rows) of K/V head (b, kvh), keys [key_begin, key_end).
-void run_item(const ItemJob& job) {
+// What every key tile of an item reads, set up once by run_item.
+struct ItemTiles {
+  std::size_t nvec;           // query vectors in use
+  std::int64_t union_begin;   // the item's rows see keys in [union_begin, union_end) between them
+  std::int64_t union_end;
+  bool mask_per_key;          // the mask is one row for all of the item's rows (added as a broadcast)
+  const float* k_scales;      // quantized K / V: the K/V head's scales
+  const float* v_scales;
+};
+
+// Rows: where each lane's query, output, mask row and LSE live and which keys it sees in the item's range; the
+// queries staged for the score product. Returns the union of the rows' key ranges and whether one head holds them.
+ItemTiles set_up_rows(const ItemJob& job) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const Workspace& w = *job.ws;
-  const DF df;
-  const DI di;
-  const std::size_t L = hn::Lanes(df);
-  const std::int64_t rows = job.rows;
+  const std::size_t L = hn::Lanes(DF());
+  const std::int64_t rows = job.rows, dim = p.head_dim;
   const std::size_t nvec = (static_cast<std::size_t>(rows) + L - 1) / L;
   const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
-  const std::int64_t dim = p.head_dim;
-  const std::int64_t dv = p.v_head_dim;
-  const core::VisibilityRule& rule = job.seq.rule;
-  const std::int64_t key_length = job.seq.key_length;
-
-  const bool amx = job.amx;
-  const bool bf16_dot = job.bf16_dot;
-  const std::int64_t pair_dim32 = amx ? amx::score_dim32(p.dtype, dim) : round_up(dim, 32);
-  if (amx || bf16_dot) std::fill(w.q_pairs, w.q_pairs + pair_dim32 * kRowBlock, 0);  // zeros past dims, rows
-  if (amx) amx::begin();
-  prefetch_item_rows(job, false);
-  // Rows: where each lane's query, output, mask row and LSE live, and which keys it sees in this range.
-  std::int64_t union_begin = job.key_end;
-  std::int64_t union_end = job.key_begin;
+  const bool pairs = job.amx || job.bf16_dot;  // (the scores read Q's pairs; qt is not used)
+  ItemTiles t{nvec, job.key_end, job.key_begin, false, nullptr, nullptr};
   bool single_head = true;
   for (std::int64_t r = 0; r < lanes_used; ++r) {
     if (r >= rows) {
       w.begin[r] = 0;
       w.end[r] = 0;
+      for (std::int64_t d = 0; d < dim && !pairs; ++d) w.qt[d * kRowBlock + r] = 0.0f;
       continue;
     }
     const std::int64_t pair = job.first_row + r;
@@ -294,17 +292,17 @@ void run_item(const ItemJob& job) {
     w.head[r] = h;
     w.query[r] = i;
     if (h != w.head[0]) single_head = false;
-    const core::KeyRange range = rule.for_row(i, key_length);
+    const core::KeyRange range = job.seq.rule.for_row(i, job.seq.key_length);
     const std::int64_t begin = std::max(range.begin, job.key_begin);
     const std::int64_t end = std::max(begin, std::min(range.end, job.key_end));
     w.begin[r] = static_cast<std::int32_t>(begin);
     w.end[r] = static_cast<std::int32_t>(end);
     if (begin < end) {
-      union_begin = std::min(union_begin, begin);
-      union_end = std::max(union_end, end);
+      t.union_begin = std::min(t.union_begin, begin);
+      t.union_end = std::max(t.union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
-    if (amx || bf16_dot) {  // (the scores read the pairs; qt is not used)
+    if (pairs) {
       stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, p.dtype, dim);
       continue;
     }
@@ -312,186 +310,277 @@ void run_item(const ItemJob& job) {
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
   }
-  for (std::int64_t r = rows; r < lanes_used && !(amx || bf16_dot); ++r)
-    for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = 0.0f;
+  t.mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
+  t.k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
+  t.v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, p.v_head_dim);
+  return t;
+}
 
-  const VF neg_inf = hn::Set(df, core::kNegInf);
-  const VF pos_inf = hn::Set(df, std::numeric_limits<float>::infinity());
+// The running state of the item's rows at its start: no key seen, nothing summed.
+void reset_state(const Workspace& w, std::size_t nvec, std::int64_t dv) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
   for (std::size_t v = 0; v < nvec; ++v) {
-    hn::Store(neg_inf, df, w.max + v * L);
+    hn::Store(hn::Set(df, core::kNegInf), df, w.max + v * L);
     hn::Store(hn::Zero(df), df, w.sum + v * L);
     hn::Store(hn::Zero(df), df, w.poison + v * L);
   }
   // Only the lanes in use (the last row block of a problem may hold fewer than kRowBlock).
+  const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * L);
   for (std::int64_t d = 0; d < dv; ++d) std::fill(w.ot + d * kRowBlock, w.ot + d * kRowBlock + lanes_used, 0.0f);
+}
 
+// Where the float32 products read keys [k0, k0 + n) (w.krow / w.vrow, or w.kbits for the bf16-dot scores): in
+// place, from the thread's widened copy of the head, or widened / dequantized into the item's buffers.
+void load_tile_rows(const ItemJob& job, const ItemTiles& it, std::int64_t t0, std::int64_t k0, std::int64_t n) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const std::int64_t dim = p.head_dim, dv = p.v_head_dim;
+  if (job.widened) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
+    const bool k_copy = job.widened_k, v_copy = job.widened_v;
+    widen_tile_once(job, t0 / kKeyTile, k_copy, v_copy);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t key = k0 + j;
+      if (job.bf16_dot) {
+        w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
+      } else {
+        w.krow[j] = k_copy ? w.widened_k + key * dim
+                           : static_cast<const float*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
+      }
+      w.vrow[j] = v_copy ? w.widened_v + key * dv
+                         : static_cast<const float*>(a.v.data) + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, key);
+    }
+    return;
+  }
+  const bool k_in_place = p.dtype == DType::f32 && p.k_storage.type == KvType::Float;
+  const bool v_in_place = p.dtype == DType::f32 && p.v_storage.type == KvType::Float;
+  const bool both_float = p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
+    const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
+    if (job.bf16_dot) {  // K read in place by the scores; V widened for the float32 P V
+      w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + krow;
+      widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, it.v_scales, w.vbuf + j * dv);
+      w.vrow[j] = w.vbuf + j * dv;
+    } else if (k_in_place && v_in_place) {
+      w.krow[j] = static_cast<const float*>(a.k.data) + krow;
+      w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
+    } else if (both_float) {  // float16 / bfloat16: the path as it was before quantized caches (inlined widening)
+      const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+      widen_row(static_cast<const char*>(a.k.data) + krow * es, p.dtype, dim, w.kbuf + j * dim);
+      widen_row(static_cast<const char*>(a.v.data) + vrow * es, p.dtype, dv, w.vbuf + j * dv);
+      w.krow[j] = w.kbuf + j * dim;
+      w.vrow[j] = w.vbuf + j * dv;
+    } else {  // a quantized K and/or V: dequantized into the same buffers
+      widen_kv_row(a.k.data, krow, p.k_storage, p.dtype, dim, it.k_scales, w.kbuf + j * dim);
+      widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, it.v_scales, w.vbuf + j * dv);
+      w.krow[j] = w.kbuf + j * dim;
+      w.vrow[j] = w.vbuf + j * dv;
+    }
+  }
+}
+
+// Scores of keys [k0, k0 + n) in st ([kKeyTile][lane]): scaled, capped, masked and hidden where a row cannot see
+// a key, in place; their max folded into tile_max ([lane]); a row with a visible NaN or +inf score poisoned.
+void prepare_tile(const ItemJob& job, const ItemTiles& it, std::int64_t k0, std::int64_t n, float* st,
+                  float* tile_max) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  const Workspace& w = *job.ws;
+  const DF df;
+  const DI di;
+  const std::size_t L = hn::Lanes(df);
   const VF scale = hn::Set(df, *p.scale);
   const float softcap = p.softcap.value_or(0.0f);
   const VF cap = hn::Set(df, softcap);
-  const VF one = hn::Set(df, 1.0f);
-  // A mask that is the same for every row of this item (a key-padding mask) is added as a broadcast.
-  const bool mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
-  // K and V rows are read in place when they are float32; otherwise widened (or dequantized) per tile.
-  const bool both_float = p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
-  const bool k_in_place = p.dtype == DType::f32 && p.k_storage.type == KvType::Float;
-  const bool v_in_place = p.dtype == DType::f32 && p.v_storage.type == KvType::Float;
-  const float* k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
-  const float* v_scales = kv_head_scales(a.v_scale, p.v_storage, job.kvh, dv);
-
-  const std::int64_t first_tile = union_begin < union_end ? union_begin / kKeyTile * kKeyTile : union_end;
-  // The AMX products take whole tiles (amx_staging-inl.h): keys before a row's first visible one are hidden like
-  // any other.
-  const std::int64_t amx_keys_end = std::min(key_length, job.key_end);
-  for (std::int64_t t0 = first_tile; t0 < union_end; t0 += kKeyTile) {
-    const std::int64_t k0 = amx ? t0 : std::max(t0, union_begin);
-    const std::int64_t k1 = std::min(t0 + kKeyTile, amx ? amx_keys_end : union_end);
-    const std::int64_t n = k1 - k0;
-    if (t0 + kKeyTile >= union_end) prefetch_item_rows(job, true);
-    bool all_visible = true;
-    for (std::int64_t r = 0; r < rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
-
-    const AmxTile amx_operands = amx ? amx_tile(job, k0, n) : AmxTile{};
-    if (job.widened && !amx) {  // rows from the thread's widened copy of the head (in place where no widening is needed)
-      const bool k_copy = job.widened_k, v_copy = job.widened_v;
-      widen_tile_once(job, t0 / kKeyTile, k_copy, v_copy);
+  const VF neg_inf = hn::Set(df, core::kNegInf);
+  const VF pos_inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  const std::int64_t k1 = k0 + n;
+  bool all_visible = true;
+  for (std::int64_t r = 0; r < job.rows; ++r) all_visible &= w.begin[r] <= k0 && w.end[r] >= k1;
+  // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
+  const bool mask_per_row = p.has_mask && !it.mask_per_key;
+  if (mask_per_row) {
+    for (std::size_t v = 0; v < it.nvec; ++v) {
       for (std::int64_t j = 0; j < n; ++j) {
-        const std::int64_t key = k0 + j;
-        if (bf16_dot) {
-          w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
-        } else {
-          w.krow[j] = k_copy ? w.widened_k + key * dim
-                             : static_cast<const float*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key);
+        float* s = st + j * kRowBlock + v * L;
+        VF x = hn::Mul(hn::Load(df, s), scale);
+        if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+        hn::Store(x, df, s);
+      }
+    }
+    for (std::int64_t r = 0; r < job.rows; ++r) {
+      const float* m = mask_values(p, a, p.mask.index(job.b, w.head[r], w.query[r]) + k0, n, w.mrow);
+      for (std::int64_t j = 0; j < n; ++j) st[j * kRowBlock + r] += m[j];
+    }
+  }
+  const float* key_mask = it.mask_per_key ? mask_values(p, a, p.mask.index(job.b, w.head[0], 0) + k0, n, w.mrow) : nullptr;
+  const bool plain = !p.has_mask && softcap == 0.0f && all_visible;
+  for (std::size_t v = 0; v < it.nvec; ++v) {
+    const auto lane_begin = hn::Load(di, w.begin + v * L);
+    const auto lane_end = hn::Load(di, w.end + v * L);
+    VF max = hn::Load(df, tile_max + v * L);
+    auto all_below_inf = hn::Lt(neg_inf, pos_inf);  // (all true)
+    // The plain case (no mask, softcap or hidden key) is its own loop: nothing in it is decided per key.
+    auto prepare = [&](auto plain_tag) {
+      constexpr bool kPlain = decltype(plain_tag)::value;
+      for (std::int64_t j = 0; j < n; ++j) {
+        float* s = st + j * kRowBlock + v * L;
+        VF x = hn::Load(df, s);
+        if (kPlain || !mask_per_row) {
+          x = hn::Mul(x, scale);
+          if (!kPlain && softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+          if (!kPlain && key_mask != nullptr) x = hn::Add(x, hn::Set(df, key_mask[j]));
         }
-        w.vrow[j] = v_copy ? w.widened_v + key * dv
-                           : static_cast<const float*>(a.v.data) + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, key);
+        if (!kPlain && !all_visible) {
+          const auto key = hn::Set(di, static_cast<std::int32_t>(k0 + j));
+          const auto seen = hn::AndNot(hn::Lt(key, lane_begin), hn::Lt(key, lane_end));
+          x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
+        }
+        // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
+        all_below_inf = hn::And(all_below_inf, hn::Lt(x, pos_inf));
+        max = hn::Max(max, x);
+        hn::Store(x, df, s);
       }
-    }
-    for (std::int64_t j = 0; j < n && !amx && !job.widened; ++j) {
-      const std::int64_t krow = job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j);
-      const std::int64_t vrow = job.seqs->key_index(p.v, job.seq, job.b, job.kvh, k0 + j);
-      if (bf16_dot) {  // K read in place by the scores; V widened for the float32 P V
-        w.kbits[j] = static_cast<const std::uint16_t*>(a.k.data) + krow;
-        widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
-        w.vrow[j] = w.vbuf + j * dv;
-      } else if (k_in_place && v_in_place) {
-        w.krow[j] = static_cast<const float*>(a.k.data) + krow;
-        w.vrow[j] = static_cast<const float*>(a.v.data) + vrow;
-      } else if (both_float) {  // float16 / bfloat16: the path as it was before quantized caches (inlined widening)
-        const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
-        widen_row(static_cast<const char*>(a.k.data) + krow * es, p.dtype, dim, w.kbuf + j * dim);
-        widen_row(static_cast<const char*>(a.v.data) + vrow * es, p.dtype, dv, w.vbuf + j * dv);
-        w.krow[j] = w.kbuf + j * dim;
-        w.vrow[j] = w.vbuf + j * dv;
-      } else {  // a quantized K and/or V: dequantized into the same buffers
-        widen_kv_row(a.k.data, krow, p.k_storage, p.dtype, dim, k_scales, w.kbuf + j * dim);
-        widen_kv_row(a.v.data, vrow, p.v_storage, p.dtype, dv, v_scales, w.vbuf + j * dv);
-        w.krow[j] = w.kbuf + j * dim;
-        w.vrow[j] = w.vbuf + j * dv;
-      }
-    }
-
-    if (amx) {
-      amx::scores(amx_operands.k, w.q_pairs, pair_dim32, w.st);
-    } else if (bf16_dot) {
-      bf16_dot::scores(w.q_pairs, dim, w.kbits, n, lanes_used, w.st);
+    };
+    if (plain) {
+      prepare(std::true_type{});
     } else {
-      ScoreStep score{w.qt, dim, w.krow, w.st};
-      tile_loop(score, n, nvec);
+      prepare(std::false_type{});
     }
+    hn::Store(hn::IfThenElse(all_below_inf, hn::Load(df, w.poison + v * L), hn::Set(df, 1.0f)), df, w.poison + v * L);
+    hn::Store(max, df, tile_max + v * L);
+  }
+}
 
-    // Scores: scale, softcap, then the additive mask (per element when it differs between rows).
-    if (p.has_mask && !mask_per_key) {
-      for (std::size_t v = 0; v < nvec; ++v) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          float* s = w.st + j * kRowBlock + v * L;
-          VF x = hn::Mul(hn::Load(df, s), scale);
-          if (softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
-          hn::Store(x, df, s);
-        }
-      }
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const float* m = mask_values(p, a, p.mask.index(job.b, w.head[r], w.query[r]) + k0, n, w.mrow);
-        for (std::int64_t j = 0; j < n; ++j) w.st[j * kRowBlock + r] += m[j];
-      }
-    }
-    const float* key_mask =
-        mask_per_key ? mask_values(p, a, p.mask.index(job.b, w.head[0], 0) + k0, n, w.mrow) : nullptr;
-
-    for (std::size_t v = 0; v < nvec; ++v) {
-      const auto lane_begin = hn::Load(di, w.begin + v * L);
-      const auto lane_end = hn::Load(di, w.end + v * L);
-      VF tile_max = neg_inf;
-      auto all_below_inf = hn::Lt(neg_inf, pos_inf);  // (all true)
-      const bool plain = !p.has_mask && softcap == 0.0f && all_visible;
-      // Scales the tile's scores in place (unless the masked path above did), then the mask and the visibility;
-      // also their max and whether all are below +inf. The plain case (no mask, softcap or hidden key) is its own
-      // loop: nothing in it is decided per key.
-      auto prepare = [&](auto plain_tag) {
-        constexpr bool kPlain = decltype(plain_tag)::value;
-        for (std::int64_t j = 0; j < n; ++j) {
-          float* s = w.st + j * kRowBlock + v * L;
-          VF x = hn::Load(df, s);
-          if (kPlain || !(p.has_mask && !mask_per_key)) {
-            x = hn::Mul(x, scale);
-            if (!kPlain && softcap > 0.0f) x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
-            if (!kPlain && key_mask != nullptr) x = hn::Add(x, hn::Set(df, key_mask[j]));
-          }
-          if (!kPlain && !all_visible) {
-            const auto key = hn::Set(di, static_cast<std::int32_t>(k0 + j));
-            const auto seen = hn::AndNot(hn::Lt(key, lane_begin), hn::Lt(key, lane_end));
-            x = hn::IfThenElse(hn::RebindMask(df, seen), x, neg_inf);
-          }
-          // NaN or +inf among the visible scores poisons the row (exp() below would turn them into 0).
-          all_below_inf = hn::And(all_below_inf, hn::Lt(x, pos_inf));
-          tile_max = hn::Max(tile_max, x);
-          hn::Store(x, df, s);
-        }
-      };
-      if (plain) {
-        prepare(std::true_type{});
-      } else {
-        prepare(std::false_type{});
-      }
-      hn::Store(hn::IfThenElse(all_below_inf, hn::Load(df, w.poison + v * L), one), df, w.poison + v * L);
-      const VF old_max = hn::Load(df, w.max + v * L);
-      const VF new_max = hn::Max(old_max, tile_max);
-      const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
-      const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
-      VF tile_sum = hn::Zero(df);
-      // (AMX reads P from its terms; the float32 values stay in st only for the inf / NaN values of V it adds back)
-      const bool keep_p = !amx || amx_operands.bad > 0;
+// One step of the online softmax over `tiles` consecutive prepared score tiles (tile g at st + g * kKeyTile *
+// kRowBlock, keys[g] keys; their max in tile_max): the running max and sum, alpha (the running state's rescale)
+// and P, in place (float32 products) or as the AMX operand's terms (of which keep_p[g] keeps the float32 values
+// too: the tile's inf / NaN values of V are added back from them).
+void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max, int tiles, const std::int64_t* keys,
+                  const bool* keep_p) {
+  const Workspace& w = *job.ws;
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  const VF neg_inf = hn::Set(df, core::kNegInf);
+  for (std::size_t v = 0; v < it.nvec; ++v) {
+    const VF old_max = hn::Load(df, w.max + v * L);
+    const VF new_max = hn::Max(old_max, hn::Load(df, tile_max + v * L));
+    const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
+    const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
+    VF tile_sum = hn::Zero(df);
+    for (int g = 0; g < tiles; ++g) {
+      float* st = w.st + g * kKeyTile * kRowBlock;
+      const std::int64_t n = keys[g];
       auto probability = [&](std::int64_t j) {
-        float* s = w.st + j * kRowBlock + v * L;
+        float* s = st + j * kRowBlock + v * L;
         const VF e = exp_of_nonpositive(df, hn::Sub(hn::Load(df, s), use_max));
         tile_sum = hn::Add(tile_sum, e);
-        if (keep_p) hn::Store(e, df, s);
+        if (keep_p[g]) hn::Store(e, df, s);
         return e;
       };
-      if (amx) {  // P into the value product's operand too, two keys at a time (zeros past the tile's keys)
-        for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-          const VF even = 2 * jp < n ? probability(2 * jp) : hn::Zero(df);
-          const VF odd = 2 * jp + 1 < n ? probability(2 * jp + 1) : hn::Zero(df);
-          store_probability_terms(df, w, jp, v, even, odd);
-        }
-      } else {
+      if (!job.amx) {
         for (std::int64_t j = 0; j < n; ++j) probability(j);
+        continue;
       }
-      hn::Store(new_max, df, w.max + v * L);
-      hn::Store(hn::MulAdd(hn::Load(df, w.sum + v * L), alpha, tile_sum), df, w.sum + v * L);
-      hn::Store(alpha, df, w.alpha + v * L);
+      // P into the value product's operand, two keys at a time (zeros past the tile's keys)
+      std::uint16_t* p_pairs = w.p_pairs + g * amx::kProbabilityTerms * kKeyTile * kRowBlock;
+      for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+        const VF even = 2 * jp < n ? probability(2 * jp) : hn::Zero(df);
+        const VF odd = 2 * jp + 1 < n ? probability(2 * jp + 1) : hn::Zero(df);
+        store_probability_terms(df, p_pairs, jp, v, even, odd);
+      }
     }
-
-    if (amx) {
-      amx_value_tile(job, amx_operands, k0, nvec);
-      continue;
-    }
-    ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
-    tile_loop(value, dv, nvec);
+    hn::Store(new_max, df, w.max + v * L);
+    hn::Store(hn::MulAdd(hn::Load(df, w.sum + v * L), alpha, tile_sum), df, w.sum + v * L);
+    hn::Store(alpha, df, w.alpha + v * L);
   }
-  if (amx) amx::end();
+}
 
+// The item's keys on the float32 (or bf16-dot) products, one tile at a time.
+void run_simd_tiles(const ItemJob& job, const ItemTiles& it) {
+  const AttentionProblem& p = *job.problem;
+  const Workspace& w = *job.ws;
+  const std::size_t nvec = it.nvec;
+  const std::int64_t lanes_used = static_cast<std::int64_t>(nvec * hn::Lanes(DF()));
+  HWY_ALIGN float tile_max[kRowBlock];
+  const bool keep_p = true;
+  const std::int64_t first_tile = it.union_begin < it.union_end ? it.union_begin / kKeyTile * kKeyTile : it.union_end;
+  for (std::int64_t t0 = first_tile; t0 < it.union_end; t0 += kKeyTile) {
+    const std::int64_t k0 = std::max(t0, it.union_begin);
+    const std::int64_t n = std::min(t0 + kKeyTile, it.union_end) - k0;
+    if (t0 + kKeyTile >= it.union_end) prefetch_item_rows(job, true);
+    load_tile_rows(job, it, t0, k0, n);
+    if (job.bf16_dot) {
+      bf16_dot::scores(w.q_pairs, p.head_dim, w.kbits, n, lanes_used, w.st);
+    } else {
+      ScoreStep score{w.qt, p.head_dim, w.krow, w.st};
+      tile_loop(score, n, nvec);
+    }
+    std::fill(tile_max, tile_max + lanes_used, core::kNegInf);
+    prepare_tile(job, it, k0, n, w.st, tile_max);
+    softmax_step(job, it, tile_max, 1, &n, &keep_p);
+    ValueStep value{w.st, n, w.vrow, w.alpha, w.ot};
+    tile_loop(value, p.v_head_dim, nvec);
+  }
+}
+
+// The item's keys on the AMX products, up to amx::kTilesPerStep tiles per softmax step: the step's scores are all
+// taken first, so the running output is rescaled once per step and its P V summed over the step's keys in the
+// tiles (a step is the blockwise sum's block).
+void run_amx_tiles(const ItemJob& job, const ItemTiles& it) {
+  const AttentionProblem& p = *job.problem;
+  const Workspace& w = *job.ws;
+  const std::int64_t lanes_used = static_cast<std::int64_t>(it.nvec * hn::Lanes(DF()));
+  const std::int64_t dim32 = amx::score_dim32(p.dtype, p.head_dim);
+  // The AMX products take whole tiles (amx_staging-inl.h): keys before a row's first visible one are hidden like
+  // any other.
+  const std::int64_t keys_end = std::min(job.seq.key_length, job.key_end);
+  const std::int64_t first_tile = it.union_begin < it.union_end ? it.union_begin / kKeyTile * kKeyTile : it.union_end;
+  constexpr std::int64_t kStepKeys = amx::kTilesPerStep * kKeyTile;
+  HWY_ALIGN float tile_max[kRowBlock];
+  AmxTile operands[amx::kTilesPerStep];
+  std::int64_t keys[amx::kTilesPerStep];
+  bool keep_p[amx::kTilesPerStep];
+  amx::begin();
+  for (std::int64_t s0 = first_tile; s0 < it.union_end; s0 += kStepKeys) {
+    const int tiles = static_cast<int>(std::min(kStepKeys, it.union_end - s0 + kKeyTile - 1) / kKeyTile);
+    if (s0 + kStepKeys >= it.union_end) prefetch_item_rows(job, true);
+    std::fill(tile_max, tile_max + lanes_used, core::kNegInf);
+    for (int g = 0; g < tiles; ++g) {
+      const std::int64_t k0 = s0 + g * kKeyTile;
+      keys[g] = std::min(k0 + kKeyTile, keys_end) - k0;
+      operands[g] = amx_tile(job, k0, keys[g], g);
+      keep_p[g] = operands[g].bad > 0;
+      float* st = w.st + g * kKeyTile * kRowBlock;
+      amx::scores(operands[g].k, w.q_pairs, dim32, st);
+      prepare_tile(job, it, k0, keys[g], st, tile_max);
+    }
+    softmax_step(job, it, tile_max, tiles, keys, keep_p);
+    amx_value_step(job, operands, tiles, s0, it.nvec);
+  }
+  amx::end();
+}
+
+// One work item: rows [first_row, first_row + rows) of K/V head (b, kvh), keys [key_begin, key_end).
+void run_item(const ItemJob& job) {
+  const AttentionProblem& p = *job.problem;
+  const Workspace& w = *job.ws;
+  if (job.amx || job.bf16_dot) {  // zeros past the dims and rows
+    const std::int64_t pair_dim32 = job.amx ? amx::score_dim32(p.dtype, p.head_dim) : round_up(p.head_dim, 32);
+    std::fill(w.q_pairs, w.q_pairs + pair_dim32 * kRowBlock, 0);
+  }
+  prefetch_item_rows(job, false);
+  const ItemTiles it = set_up_rows(job);
+  reset_state(w, it.nvec, p.v_head_dim);
+  if (job.amx) {
+    run_amx_tiles(job, it);
+  } else {
+    run_simd_tiles(job, it);
+  }
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
-    save_partial(w, rows, dv, job.partial);
+    save_partial(w, job.rows, p.v_head_dim, job.partial);
   } else {
     finish_rows(job);
   }
