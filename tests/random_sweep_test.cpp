@@ -94,10 +94,10 @@ bool run_seed(std::uint64_t seed, double* worst = nullptr) {
   const auto ref = data.reference();
   const Outcome r = run_and_measure(data, ref);
   EXPECT_LE(r.err, tolerance(d.dtype));
-  EXPECT_LE(r.lse_err, kLseTolerance);
+  EXPECT_LE(r.lse_err, cpu_lse_tolerance(d.dtype));
   EXPECT_TRUE(r.gaps_untouched);
   EXPECT_EQ(r.unwritten, 0);
-  if (worst != nullptr) *worst = std::max({*worst, r.err / tolerance(d.dtype), r.lse_err / kLseTolerance});
+  if (worst != nullptr) *worst = std::max({*worst, r.err / tolerance(d.dtype), r.lse_err / cpu_lse_tolerance(d.dtype)});
   return r.describe.find("split-k") != std::string::npos;
 }
 

@@ -337,7 +337,7 @@ inline std::vector<std::uint8_t> check_batch(const Batch& batch, const BatchSpec
   std::vector<bool> written(o.size() / es, false);
   // The LSE is float32, but the CUDA tensor-core kernels sum probabilities rounded to the element type (so that
   // numerator and denominator agree), which moves it by about that type's rounding.
-  const double lse_bound = backend == Backend::Cuda && s.dtype != DType::f32 ? testing::tolerance(s.dtype) : 1e-5;
+  const double lse_bound = backend == Backend::Cuda && s.dtype != DType::f32 ? testing::tolerance(s.dtype) : testing::cpu_lse_tolerance(s.dtype);
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     Batch::Dense d = batch.dense(b);
     std::vector<std::uint8_t> dense_o;

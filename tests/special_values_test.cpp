@@ -55,7 +55,7 @@ void expect_other_rows_match(Manual& m, const cpu::ReferenceResult& ref,
         }
         if (m.p.return_lse) {
           const double r = ref.lse[static_cast<std::size_t>((b * m.p.heads + h) * m.p.q_len + i)];
-          EXPECT_NEAR(m.lse_at(b, h, i), r, kLseTolerance * std::max(1.0, std::abs(r))) << b << " " << h << " " << i;
+          EXPECT_NEAR(m.lse_at(b, h, i), r, cpu_lse_tolerance(m.p.dtype) * std::max(1.0, std::abs(r))) << b << " " << h << " " << i;
         }
       }
   EXPECT_LE(top > 0 ? diff / top : diff, tolerance(m.p.dtype));

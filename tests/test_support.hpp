@@ -29,6 +29,7 @@ using testing::CaseSpec;
 // bound serves every dtype. lse_error() is |lse - ref| / max(1, |ref|): a few float32 ulps of the max plus
 // the rounding of log(sum); 1e-5 is the float32 output bound of the contract, applied to the LSE.
 inline constexpr double kLseTolerance = 1e-5;
+using testing::cpu_lse_tolerance;
 
 inline std::string spec_string(const CaseSpec& s) {
   std::ostringstream o;

@@ -40,6 +40,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"prefetch-v", "the few-rows kernel's prefetch of each tile's V rows while its scores run"},
       {"prefetch-ahead", "the few-rows kernel's prefetch of the next tile's K rows while a tile's scores run"},
       {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items (the SIMD float32 products run)"},
+      {"rounded-p", "bfloat16 on the CPU's AMX tiles: P rounded to bfloat16 for P V (P's three terms, all 24 bits, instead)"},
   };
   return features;
 }

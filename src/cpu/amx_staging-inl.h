@@ -1,5 +1,5 @@
 // The tiled kernel's operand staging around its AMX products (amx_tiles.hpp has the layouts): Q rows into pairs,
-// a key tile's K rows and V transposed in key pairs, and P as three bfloat16 terms. Included once per Highway
+// a key tile's K rows and V transposed in key pairs, and P as bfloat16 terms. Included once per Highway
 // target by tiled_kernel.cpp (the per-target include guard below).
 //
 // Key tiles are absolute (keys [t * kKeyTile, (t + 1) * kKeyTile) of the entry, cut at its key length and the
@@ -225,24 +225,37 @@ inline AmxTile amx_tile(const ItemJob& job, std::int64_t k0, std::int64_t n, int
   return {k, vt, bad_keys, w.staged_bad_count[t]};
 }
 
-// Keys 2 jp and 2 jp + 1's probabilities of query vector v (even, odd: float32) into the P pairs operand, as three
-// bfloat16 terms each: each term is the remainder cut to its top bfloat16 bits (exact in float32, as is what is
-// left), so the three hold all 24 bits of P.
+// P rounded to the nearest bfloat16 (ties to even), as float32 bits with the low 16 bits zero (P is finite).
+template <class DU, class VU = hn::Vec<DU>>
+HWY_INLINE VU round_to_bfloat16(DU du, VU bits) {
+  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  return hn::And(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7FFFu))), hn::Set(du, 0xFFFF0000u));
+}
+
+// Keys 2 jp and 2 jp + 1's probabilities of query vector v (even, odd: float32) into the P pairs operand as `terms`
+// bfloat16 terms each: every term but the last the remainder cut to its top bfloat16 bits (exact in float32, as is
+// what is left), the last the remainder rounded to the nearest bfloat16. Three terms hold all 24 bits of P; one is
+// P rounded to bfloat16. even and odd become the values the terms sum to (the row's sum adds those).
 template <class DF, class VF = hn::Vec<DF>>
-HWY_INLINE void store_probability_terms(DF df, std::uint16_t* p_pairs, std::int64_t jp, std::size_t v, VF even,
-                                        VF odd) {
+HWY_INLINE void store_probability_terms(DF df, std::uint16_t* p_pairs, int terms, std::int64_t jp, std::size_t v,
+                                        VF& even, VF& odd) {
   const hn::RebindToUnsigned<DF> du;
   const std::size_t L = hn::Lanes(df);
   auto* pairs = reinterpret_cast<std::uint32_t*>(p_pairs);
   const auto high = hn::Set(du, 0xFFFF0000u);
   constexpr std::int64_t kTermPairs = kKeyTile / 2 * kRowBlock;
-  for (int term = 0; term < amx::kProbabilityTerms; ++term) {
-    const VF even_term = hn::BitCast(df, hn::And(hn::BitCast(du, even), high));
-    const VF odd_term = hn::BitCast(df, hn::And(hn::BitCast(du, odd), high));
-    hn::Store(hn::Or(hn::ShiftRight<16>(hn::BitCast(du, even_term)), hn::And(hn::BitCast(du, odd_term), high)), du,
-              pairs + term * kTermPairs + jp * kRowBlock + v * L);
-    even = hn::Sub(even, even_term);
-    odd = hn::Sub(odd, odd_term);
+  VF even_rest = even, odd_rest = odd;
+  for (int term = 0; term < terms; ++term) {
+    const bool rounded = term + 1 == terms && terms < amx::kMaxProbabilityTerms;
+    const auto even_bits = rounded ? round_to_bfloat16(du, hn::BitCast(du, even_rest)) : hn::And(hn::BitCast(du, even_rest), high);
+    const auto odd_bits = rounded ? round_to_bfloat16(du, hn::BitCast(du, odd_rest)) : hn::And(hn::BitCast(du, odd_rest), high);
+    hn::Store(hn::Or(hn::ShiftRight<16>(even_bits), odd_bits), du, pairs + term * kTermPairs + jp * kRowBlock + v * L);
+    even_rest = hn::Sub(even_rest, hn::BitCast(df, even_bits));
+    odd_rest = hn::Sub(odd_rest, hn::BitCast(df, odd_bits));
+  }
+  if (terms < amx::kMaxProbabilityTerms) {
+    even = hn::Sub(even, even_rest);
+    odd = hn::Sub(odd, odd_rest);
   }
 }
 
@@ -259,7 +272,7 @@ inline void amx_value_step(const ItemJob& job, const AmxTile* tiles_operands, in
   const std::size_t L = hn::Lanes(df);
   const std::uint16_t* vt[amx::kTilesPerStep];
   for (int g = 0; g < tiles; ++g) vt[g] = tiles_operands[g].vt;
-  amx::values(vt, tiles, amx::input_terms(p.dtype), w.p_pairs, round_up(dv, 16), w.tile_pv);
+  amx::values(vt, tiles, amx::input_terms(p.dtype), w.p_pairs, job.p_terms, round_up(dv, 16), w.tile_pv);
   for (int g = 0; g < tiles; ++g) {
     const AmxTile& tile = tiles_operands[g];
     const float* st = w.st + g * kKeyTile * kRowBlock;

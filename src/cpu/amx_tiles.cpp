@@ -99,10 +99,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void scores(const std::uint16_t* k,
 // term. A last block of 16 dims (dv16 an odd multiple of 16) takes tiles 0 and 1. The sums run over every key of
 // every tile of the step, tile by tile.
 __attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* const* vt_tiles, int tiles,
-                                                          int v_terms, const std::uint16_t* p_pairs,
+                                                          int v_terms, const std::uint16_t* p_pairs, int p_terms,
                                                           std::int64_t dv16, float* out) {
   constexpr std::int64_t kTermStride = kTileKeys * kLanes;  // uint16 per term of P
-  constexpr std::int64_t kTileStride = kProbabilityTerms * kTermStride;
+  const std::int64_t tile_stride = p_terms * kTermStride;
   constexpr long kVtStride = kTileKeys * 2;
   constexpr long kPairStride = kLanes * 2 * 2;
   constexpr long kOutStride = kLanes * 4;
@@ -120,8 +120,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* co
           const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
           _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
           _tile_loadd(5, vt + (db + 16) * kTileKeys + k0, kVtStride);
-          for (int term = 0; term < kProbabilityTerms; ++term) {
-            const std::uint16_t* pairs = p_pairs + g * kTileStride + term * kTermStride + (k0 / 2) * kLanes * 2;
+          for (int term = 0; term < p_terms; ++term) {
+            const std::uint16_t* pairs = p_pairs + g * tile_stride + term * kTermStride + (k0 / 2) * kLanes * 2;
             _tile_loadd(6, pairs + qb * 2, kPairStride);
             _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
             _tile_dpbf16ps(0, 4, 6);
@@ -146,8 +146,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* co
           const int k0 = k0v % kTileKeys;
           const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
           _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
-          for (int term = 0; term < kProbabilityTerms; ++term) {
-            const std::uint16_t* pairs = p_pairs + g * kTileStride + term * kTermStride + (k0 / 2) * kLanes * 2;
+          for (int term = 0; term < p_terms; ++term) {
+            const std::uint16_t* pairs = p_pairs + g * tile_stride + term * kTermStride + (k0 / 2) * kLanes * 2;
             _tile_loadd(6, pairs + qb * 2, kPairStride);
             _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
             _tile_dpbf16ps(0, 4, 6);

@@ -73,6 +73,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.key_begin = ix.split * plan.split_keys;
   job.key_end = std::min(p.k_len, job.key_begin + plan.split_keys);
   job.amx = plan.amx;
+  job.p_terms = plan.p_terms;
   job.bf16_dot = plan.bf16_dot;
   job.widened = plan.widened_keys > 0;
   job.widened_k = job.widened && plan.widened_k;
@@ -144,7 +145,7 @@ std::size_t carve_workspace(std::byte* base, std::int64_t head_dim, std::int64_t
   w.q_pairs = take<std::uint16_t>(base, off, dim32 * kRowBlock);
   w.vt_bf16 = take<std::uint16_t>(base, off, step_tiles * v_terms * dv16 * kKeyTile);
   w.amx_row = take<std::uint16_t>(base, off, 6 * std::max(head_dim, v_head_dim));
-  w.p_pairs = take<std::uint16_t>(base, off, step_tiles * amx::kProbabilityTerms * kKeyTile * kRowBlock);
+  w.p_pairs = take<std::uint16_t>(base, off, step_tiles * amx::kMaxProbabilityTerms * kKeyTile * kRowBlock);
   w.tile_pv = take<float>(base, off, dv16 * kRowBlock);
   w.amx_bad_keys = take<std::int32_t>(base, off, step_tiles * kKeyTile);
   const std::int64_t float_keys = amx ? 0 : widened_keys, staged_keys = amx ? widened_keys : 0;
@@ -290,6 +291,9 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
                           p.head_dim <= kMaxHeadDimForAmxF16);
   plan.amx = amx_dtype && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
+  // P rounded to the element type for P V, as on the CUDA tensor cores (bfloat16); float16's 11 bits take all of
+  // P's (the tiles hold bfloat16 only).
+  plan.p_terms = p.dtype == DType::bf16 && !overrides.is_off("rounded-p") ? 1 : amx::kMaxProbabilityTerms;
   const bool streams = kv_bytes(p) >= min_prefetched_bytes();
   plan.prefetch_v = streams && !overrides.is_off("prefetch-v");
   plan.prefetch_ahead = streams && !overrides.is_off("prefetch-ahead");
@@ -328,6 +332,7 @@ std::string describe(const TiledPlan& plan) {
   }
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.amx && plan.f16_terms) s += " (float16 as two bfloat16 terms)";
+  if (plan.amx) s += plan.p_terms == 1 ? ", P rounded to bfloat16" : ", P as three bfloat16 terms";
   if (plan.bf16_dot) s += ", vdpbf16ps scores";
   if (plan.widened_keys > 0) s += plan.amx ? ", K/V staged once per head and thread" : ", K/V widened once per head and thread";
   if (plan.kv_heads_per_item > 1) {

@@ -473,23 +473,27 @@ void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max
     for (int g = 0; g < tiles; ++g) {
       float* st = w.st + g * kKeyTile * kRowBlock;
       const std::int64_t n = keys[g];
-      auto probability = [&](std::int64_t j) {
-        float* s = st + j * kRowBlock + v * L;
-        const VF e = exp_of_nonpositive(df, hn::Sub(hn::Load(df, s), use_max));
-        tile_sum = hn::Add(tile_sum, e);
-        if (keep_p[g]) hn::Store(e, df, s);
-        return e;
+      auto exponential = [&](std::int64_t j) {
+        return exp_of_nonpositive(df, hn::Sub(hn::Load(df, st + j * kRowBlock + v * L), use_max));
       };
       if (!job.amx) {
-        for (std::int64_t j = 0; j < n; ++j) probability(j);
+        for (std::int64_t j = 0; j < n; ++j) {
+          const VF e = exponential(j);
+          tile_sum = hn::Add(tile_sum, e);
+          hn::Store(e, df, st + j * kRowBlock + v * L);
+        }
         continue;
       }
-      // P into the value product's operand, two keys at a time (zeros past the tile's keys)
-      std::uint16_t* p_pairs = w.p_pairs + g * amx::kProbabilityTerms * kKeyTile * kRowBlock;
+      // P into the value product's operand, two keys at a time (zeros past the tile's keys); the row's sum adds
+      // the values its terms sum to, as P V takes them
+      std::uint16_t* p_pairs = w.p_pairs + g * job.p_terms * kKeyTile * kRowBlock;
       for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-        const VF even = 2 * jp < n ? probability(2 * jp) : hn::Zero(df);
-        const VF odd = 2 * jp + 1 < n ? probability(2 * jp + 1) : hn::Zero(df);
-        store_probability_terms(df, p_pairs, jp, v, even, odd);
+        VF even = 2 * jp < n ? exponential(2 * jp) : hn::Zero(df);
+        VF odd = 2 * jp + 1 < n ? exponential(2 * jp + 1) : hn::Zero(df);
+        store_probability_terms(df, p_pairs, job.p_terms, jp, v, even, odd);
+        tile_sum = hn::Add(hn::Add(tile_sum, even), odd);
+        if (keep_p[g] && 2 * jp < n) hn::Store(even, df, st + 2 * jp * kRowBlock + v * L);
+        if (keep_p[g] && 2 * jp + 1 < n) hn::Store(odd, df, st + (2 * jp + 1) * kRowBlock + v * L);
       }
     }
     hn::Store(new_max, df, w.max + v * L);

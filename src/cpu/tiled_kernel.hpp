@@ -41,10 +41,12 @@ struct TiledPlan {
   int threads = 1;
   std::int64_t item_chunk = 1;  // items a thread takes at once (a K/V head's row blocks, or 1)
   // bfloat16 or float16 with K/V of that type on a CPU with AMX-BF16: the items of more than kFewRows rows take
-  // their two products on AMX tiles (amx_tiles.hpp), as accurate as the float32 ones (P as three bfloat16 terms,
-  // a float16 input as two).
+  // their two products on AMX tiles (amx_tiles.hpp): the scores exact products summed in float32 (a float16 input
+  // as two bfloat16 terms), P V with P rounded to bfloat16 (bfloat16 problems) or as three terms that hold all of
+  // its bits (float16, or "off=rounded-p").
   bool amx = false;
   bool f16_terms = false;  // (describe(): the problem is float16)
+  int p_terms = 3;         // AMX: bfloat16 terms of P in P V (1: P rounded to bfloat16; 3: all of its 24 bits)
   // bfloat16 with bfloat16 K on a CPU with AVX-512 BF16 and no AMX: the items of more than kFewRows rows take
   // their scores on vdpbf16ps (bf16_dot.hpp) with K read in place; P V stays on the float32 products.
   bool bf16_dot = false;

@@ -38,7 +38,7 @@ struct Workspace {
   std::uint16_t* q_pairs;  // [dim32 / 2][kRowBlock][2]
   std::uint16_t* vt_bf16;  // [v_terms][dv16][kKeyTile]
   std::uint16_t* amx_row;  // [6 * max(head_dim, v_head_dim)]: float16 rows' terms (amx_staging-inl.h)
-  std::uint16_t* p_pairs;  // [3 terms][kKeyTile / 2][kRowBlock][2]
+  std::uint16_t* p_pairs;  // [step tiles][p_terms][kKeyTile / 2][kRowBlock][2]
   float* tile_pv;          // [dv16][kRowBlock]: one tile's P V
   std::int32_t* amx_bad_keys;  // [kKeyTile]: the tile's keys whose V holds inf or NaN
   // The thread's copy of one K/V head (TiledPlan::widened_keys > 0): the keys of the items of one (b, kvh) are
@@ -80,6 +80,7 @@ struct ItemJob {
   float* partial;  // split-K: where the partial state goes; null: finish the rows into O
   std::int64_t partial_head_stride = 0;  // floats from one head's partial slot to the next (a wide item's span)
   bool amx = false;  // the score and value products on AMX tiles (TiledPlan::amx)
+  int p_terms = 3;   // AMX: bfloat16 terms of P in P V (TiledPlan::p_terms)
   bool bf16_dot = false;  // the score product on vdpbf16ps (TiledPlan::bf16_dot)
   bool widened = false;        // K/V rows from the thread's widened copy of the head (TiledPlan::widened_keys)
   bool widened_k = false;      // of them K's (the rest in place; TiledPlan::widened_k)

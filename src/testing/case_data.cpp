@@ -75,6 +75,8 @@ double tolerance(DType dtype) {
   return 0.0;
 }
 
+double cpu_lse_tolerance(DType dtype) { return dtype == DType::bf16 ? 0x1p-8 : 1e-5; }
+
 CaseData::CaseData(const CaseSpec& spec, DType dtype, std::uint64_t seed) : spec_(spec), dtype_(dtype) {
   AttentionProblem& p = problem_;
   p.batch = spec.batch;

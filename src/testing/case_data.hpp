@@ -17,6 +17,11 @@ namespace attnkit::testing {
 
 // The accuracy bounds of the contract (scaled error).
 double tolerance(DType dtype);
+// The CPU's LSE bound (|lse - ref| / max(1, |ref|)) per element type: 1e-5, except bfloat16, which the AMX tiles
+// take with P rounded to bfloat16 (docs/numerics.md): the row's sum adds the rounded values, each within 2^-9 of P
+// (relative), so the sum is within 2^-9 and its logarithm within 2^-9 (absolute) of the exact one; 2^-8 leaves
+// room for the float32 roundings. (CPUs without AMX hold a bfloat16 LSE to 1e-5; this is the bound either way.)
+double cpu_lse_tolerance(DType dtype);
 
 class CaseData {
  public:
