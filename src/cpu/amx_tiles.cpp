@@ -37,7 +37,10 @@ bool cpu_has_amx_bf16() {
   if (__get_cpuid_max(0, nullptr) < 7) return false;
   __cpuid_count(7, 0, a, b, c, d);
   const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u, avx512f = (b >> 16) & 1u;  // (transpose_pairs)
-  return tile && bf16 && avx512f;
+  const bool avx512bw = (b >> 30) & 1u;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1u;  // (the kernel packs P with vcvtne2ps2bf16 and sums it by vdpbf16ps)
+  return tile && bf16 && avx512f && avx512bw && avx512_bf16;
 }
 
 }  // namespace

@@ -40,6 +40,13 @@ HWY_INLINE V exp_of_nonpositive(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 0.166666671633720397949219f));
   p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
   const V er = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));  // e^r
+#if HWY_TARGET <= HWY_AVX3
+  // AVX-512: e^r * 2^q in one vscalefps (exact scaling, rounded as the multiply below), zero below the floor.
+  if constexpr (hn::MaxLanes(d) == 16) {
+    const __mmask16 kept = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
+    return V{_mm512_maskz_scalef_ps(kept, er.raw, q.raw)};
+  }
+#endif
   const auto exponent = hn::Add(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic)), hn::Set(di, 127));
   const V two_q = hn::BitCast(d, hn::ShiftLeft<23>(exponent));
   return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, kExpFloor)), hn::Mul(er, two_q));

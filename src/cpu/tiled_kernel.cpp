@@ -454,6 +454,68 @@ void prepare_tile(const ItemJob& job, const ItemTiles& it, std::int64_t k0, std:
   }
 }
 
+// AVX-512 builds pack P for the AMX products with AVX512_BF16's instructions (every CPU with AMX-BF16 has them,
+// amx::available() checks): a function with that target added, called once per tile and query vector.
+#undef ATTNKIT_BF16_PACK
+#undef ATTNKIT_BF16_PACK_ATTR
+#if HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
+#define ATTNKIT_BF16_PACK 1
+#define ATTNKIT_BF16_PACK_ATTR __attribute__((target("avx512bf16")))
+#else
+#define ATTNKIT_BF16_PACK 0
+#define ATTNKIT_BF16_PACK_ATTR
+#endif
+
+// Query vector v's probabilities exp(s - use_max) of one AMX tile's n keys (st: [kKeyTile][lane] scores) into
+// the tile's P pairs operand as `terms` bfloat16 terms (store_probability_terms; zeros past n), added to tile_sum
+// as the values those terms sum to, and written back into st in float32 where keep_p (the tile's inf / NaN values
+// of V are added back from them).
+ATTNKIT_BF16_PACK_ATTR HWY_NOINLINE void amx_tile_probabilities(float* st, std::int64_t n, bool keep_p,
+                                                               const float* use_max_lanes, std::uint16_t* p_pairs,
+                                                               int terms, std::size_t v, float* tile_sum_lanes) {
+  const DF df;
+  const std::size_t L = hn::Lanes(df);
+  const VF use_max = hn::Load(df, use_max_lanes);
+  VF tile_sum = hn::Load(df, tile_sum_lanes);
+  auto exponential = [&](std::int64_t j) {
+    return j < n ? exp_of_nonpositive(df, hn::Sub(hn::Load(df, st + j * kRowBlock + v * L), use_max)) : hn::Zero(df);
+  };
+#if ATTNKIT_BF16_PACK
+  if (terms == 1) {
+    // Both keys' P rounded to nearest bfloat16 at once (even in the low 16 words, odd in the high), interleaved
+    // into pairs per lane; the row's sum adds them by vdpbf16ps (times 1: odd, then even, each rounded in
+    // float32 to nearest, as a float32 add would).
+    const __m512i to_pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);
+    __m512 sum = tile_sum.raw;
+    auto* pairs = reinterpret_cast<std::uint32_t*>(p_pairs);
+    for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+      const VF even = exponential(2 * jp), odd = exponential(2 * jp + 1);
+      const __m512i packed = _mm512_permutexvar_epi16(to_pairs, (__m512i)_mm512_cvtne2ps_pbh(odd.raw, even.raw));
+      _mm512_store_si512(pairs + jp * kRowBlock + v * L, packed);
+      sum = _mm512_dpbf16_ps(sum, (__m512bh)packed, ones);
+      if (keep_p) {
+        const __m512 even_p = _mm512_castsi512_ps(_mm512_slli_epi32(packed, 16));
+        const __m512 odd_p = _mm512_castsi512_ps(_mm512_and_si512(packed, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+        if (2 * jp < n) _mm512_store_ps(st + 2 * jp * kRowBlock + v * L, even_p);
+        if (2 * jp + 1 < n) _mm512_store_ps(st + (2 * jp + 1) * kRowBlock + v * L, odd_p);
+      }
+    }
+    hn::Store(VF{sum}, df, tile_sum_lanes);
+    return;
+  }
+#endif
+  for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
+    VF even = exponential(2 * jp), odd = exponential(2 * jp + 1);
+    store_probability_terms(df, p_pairs, terms, jp, v, even, odd);
+    tile_sum = hn::Add(hn::Add(tile_sum, even), odd);
+    if (keep_p && 2 * jp < n) hn::Store(even, df, st + 2 * jp * kRowBlock + v * L);
+    if (keep_p && 2 * jp + 1 < n) hn::Store(odd, df, st + (2 * jp + 1) * kRowBlock + v * L);
+  }
+  hn::Store(tile_sum, df, tile_sum_lanes);
+}
+
 // One step of the online softmax over `tiles` consecutive prepared score tiles (tile g at st + g * kKeyTile *
 // kRowBlock, keys[g] keys; their max in tile_max): the running max and sum, alpha (the running state's rescale)
 // and P, in place (float32 products) or as the AMX operand's terms (of which keep_p[g] keeps the float32 values
@@ -470,30 +532,22 @@ void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max
     const VF use_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
     const VF alpha = hn::IfThenZeroElse(hn::Eq(old_max, neg_inf), exp_of_nonpositive(df, hn::Sub(old_max, use_max)));
     VF tile_sum = hn::Zero(df);
-    for (int g = 0; g < tiles; ++g) {
-      float* st = w.st + g * kKeyTile * kRowBlock;
-      const std::int64_t n = keys[g];
-      auto exponential = [&](std::int64_t j) {
-        return exp_of_nonpositive(df, hn::Sub(hn::Load(df, st + j * kRowBlock + v * L), use_max));
-      };
-      if (!job.amx) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          const VF e = exponential(j);
-          tile_sum = hn::Add(tile_sum, e);
-          hn::Store(e, df, st + j * kRowBlock + v * L);
-        }
-        continue;
+    HWY_ALIGN float use_max_lanes[kRowBlock], tile_sum_lanes[kRowBlock];  // (one vector of each in use)
+    if (job.amx) {  // P into the value product's operand (the row's sum adds the values P V takes)
+      hn::Store(use_max, df, use_max_lanes);
+      hn::Store(tile_sum, df, tile_sum_lanes);
+      for (int g = 0; g < tiles; ++g) {
+        amx_tile_probabilities(w.st + g * kKeyTile * kRowBlock, keys[g], keep_p[g], use_max_lanes,
+                               w.p_pairs + g * job.p_terms * kKeyTile * kRowBlock, job.p_terms, v, tile_sum_lanes);
       }
-      // P into the value product's operand, two keys at a time (zeros past the tile's keys); the row's sum adds
-      // the values its terms sum to, as P V takes them
-      std::uint16_t* p_pairs = w.p_pairs + g * job.p_terms * kKeyTile * kRowBlock;
-      for (std::int64_t jp = 0; jp < kKeyTile / 2; ++jp) {
-        VF even = 2 * jp < n ? exponential(2 * jp) : hn::Zero(df);
-        VF odd = 2 * jp + 1 < n ? exponential(2 * jp + 1) : hn::Zero(df);
-        store_probability_terms(df, p_pairs, job.p_terms, jp, v, even, odd);
-        tile_sum = hn::Add(hn::Add(tile_sum, even), odd);
-        if (keep_p[g] && 2 * jp < n) hn::Store(even, df, st + 2 * jp * kRowBlock + v * L);
-        if (keep_p[g] && 2 * jp + 1 < n) hn::Store(odd, df, st + (2 * jp + 1) * kRowBlock + v * L);
+      tile_sum = hn::Load(df, tile_sum_lanes);
+    }
+    for (int g = 0; g < tiles && !job.amx; ++g) {
+      float* st = w.st + g * kKeyTile * kRowBlock;
+      for (std::int64_t j = 0; j < keys[g]; ++j) {
+        const VF e = exp_of_nonpositive(df, hn::Sub(hn::Load(df, st + j * kRowBlock + v * L), use_max));
+        tile_sum = hn::Add(tile_sum, e);
+        hn::Store(e, df, st + j * kRowBlock + v * L);
       }
     }
     hn::Store(new_max, df, w.max + v * L);
