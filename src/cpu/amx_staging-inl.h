@@ -16,6 +16,7 @@
 #include <hwy/highway.h>
 
 #include "amx_tiles.hpp"
+#include "row_prefetch.hpp"
 #include "tiled_workspace.hpp"
 #include "widen-inl.h"
 
@@ -160,6 +161,13 @@ inline std::int64_t stage_amx_tile(const ItemJob& job, std::int64_t k0, std::int
   const std::int64_t dv = p.v_head_dim, dv16 = round_up(dv, 16);
   const auto* k = static_cast<const std::uint16_t*>(a.k.data);
   const auto* v = static_cast<const std::uint16_t*>(a.v.data);
+  // The next tile's rows, asked for now so that they arrive while this tile is staged and its scores run: rows of
+  // a positions-first tensor lie a few KB apart, on a new page every few keys, where the hardware prefetchers stop.
+  const std::int64_t next_end = std::min(k0 + n + kKeyTile, std::min(job.seq.key_length, job.key_end));
+  for (std::int64_t j = k0 + n; j < next_end; ++j) {
+    prefetch_row(k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, j), dim * 2);
+    prefetch_row(v + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, j), dv * 2);
+  }
   for (std::int64_t j = 0; j < n; ++j) {
     const std::uint16_t* krow = extended_row(w, k + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, k0 + j), t, dim, false);
     std::memcpy(k_dst + j * dim32, krow, static_cast<std::size_t>(ext) * sizeof(std::uint16_t));
