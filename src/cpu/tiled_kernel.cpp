@@ -460,7 +460,7 @@ void prepare_tile(const ItemJob& job, const ItemTiles& it, std::int64_t k0, std:
 #undef ATTNKIT_BF16_PACK_ATTR
 #if HWY_TARGET <= HWY_AVX3 && (defined(__GNUC__) || defined(__clang__))
 #define ATTNKIT_BF16_PACK 1
-#define ATTNKIT_BF16_PACK_ATTR __attribute__((target("avx512bf16")))
+#define ATTNKIT_BF16_PACK_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 #else
 #define ATTNKIT_BF16_PACK 0
 #define ATTNKIT_BF16_PACK_ATTR
