@@ -99,68 +99,65 @@ __attribute__((target("amx-tile,amx-bf16"))) void scores(const std::uint16_t* k,
 
 // Tiles 0-3: T for output dims db..db+31 x queries qb..qb+31 (2 x 2 blocks of 16, four independent sums so
 // that the products' latency overlaps); 4, 5: V^T blocks (of each of V's terms in turn); 6, 7: P pairs of one
-// term. A last block of 16 dims (dv16 an odd multiple of 16) takes tiles 0 and 1. The sums run over every key of
-// every tile of the step, tile by tile.
-__attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* const* vt_tiles, int tiles,
-                                                          int v_terms, const std::uint16_t* p_pairs, int p_terms,
-                                                          std::int64_t dv16, float* out) {
+// term. A last block of 16 dims (dv16 an odd multiple of 16, kTwoDimBlocks false) takes tiles 0, 1 and 4. The
+// sums run over every key of every tile of the step, tile by tile.
+namespace {
+
+template <bool kTwoDimBlocks>
+__attribute__((target("amx-tile,amx-bf16"))) void value_block(const std::uint16_t* const* vt_tiles, int tiles,
+                                                                      int v_terms, const std::uint16_t* p_pairs,
+                                                                      int p_terms, std::int64_t dv16, std::int64_t db,
+                                                                      int qb, float* out) {
   constexpr std::int64_t kTermStride = kTileKeys * kLanes;  // uint16 per term of P
-  const std::int64_t tile_stride = p_terms * kTermStride;
   constexpr long kVtStride = kTileKeys * 2;
   constexpr long kPairStride = kLanes * 2 * 2;
   constexpr long kOutStride = kLanes * 4;
+  const std::int64_t tile_stride = p_terms * kTermStride;
   const std::int64_t vt_term_stride = dv16 * kTileKeys;
-  std::int64_t db = 0;
-  for (; db + 32 <= dv16; db += 32) {
-    for (int qb = 0; qb < kLanes; qb += 32) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int g = 0; g < tiles; ++g) {
-        for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
-          const int k0 = k0v % kTileKeys;
-          const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
-          _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
-          _tile_loadd(5, vt + (db + 16) * kTileKeys + k0, kVtStride);
-          for (int term = 0; term < p_terms; ++term) {
-            const std::uint16_t* pairs = p_pairs + g * tile_stride + term * kTermStride + (k0 / 2) * kLanes * 2;
-            _tile_loadd(6, pairs + qb * 2, kPairStride);
-            _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-          }
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kTwoDimBlocks) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int g = 0; g < tiles; ++g) {
+    for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
+      const int k0 = k0v % kTileKeys;
+      const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
+      _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
+      if constexpr (kTwoDimBlocks) _tile_loadd(5, vt + (db + 16) * kTileKeys + k0, kVtStride);
+      for (int term = 0; term < p_terms; ++term) {
+        const std::uint16_t* pairs = p_pairs + g * tile_stride + term * kTermStride + (k0 / 2) * kLanes * 2;
+        _tile_loadd(6, pairs + qb * 2, kPairStride);
+        _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if constexpr (kTwoDimBlocks) {
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
         }
       }
-      _tile_stored(0, out + db * kLanes + qb, kOutStride);
-      _tile_stored(1, out + db * kLanes + qb + 16, kOutStride);
-      _tile_stored(2, out + (db + 16) * kLanes + qb, kOutStride);
-      _tile_stored(3, out + (db + 16) * kLanes + qb + 16, kOutStride);
     }
   }
+  _tile_stored(0, out + db * kLanes + qb, kOutStride);
+  _tile_stored(1, out + db * kLanes + qb + 16, kOutStride);
+  if constexpr (kTwoDimBlocks) {
+    _tile_stored(2, out + (db + 16) * kLanes + qb, kOutStride);
+    _tile_stored(3, out + (db + 16) * kLanes + qb + 16, kOutStride);
+  }
+}
+
+}  // namespace
+
+__attribute__((target("amx-tile,amx-bf16"))) void values(const std::uint16_t* const* vt_tiles, int tiles,
+                                                          int v_terms, const std::uint16_t* p_pairs, int p_terms,
+                                                          std::int64_t dv16, float* out) {
+  std::int64_t db = 0;
+  for (; db + 32 <= dv16; db += 32) {
+    for (int qb = 0; qb < kLanes; qb += 32) value_block<true>(vt_tiles, tiles, v_terms, p_pairs, p_terms, dv16, db, qb, out);
+  }
   for (; db < dv16; db += 16) {
-    for (int qb = 0; qb < kLanes; qb += 32) {
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int g = 0; g < tiles; ++g) {
-        for (int k0v = 0; k0v < kTileKeys * v_terms; k0v += 32) {
-          const int k0 = k0v % kTileKeys;
-          const std::uint16_t* vt = vt_tiles[g] + (k0v / kTileKeys) * vt_term_stride;
-          _tile_loadd(4, vt + db * kTileKeys + k0, kVtStride);
-          for (int term = 0; term < p_terms; ++term) {
-            const std::uint16_t* pairs = p_pairs + g * tile_stride + term * kTermStride + (k0 / 2) * kLanes * 2;
-            _tile_loadd(6, pairs + qb * 2, kPairStride);
-            _tile_loadd(7, pairs + (qb + 16) * 2, kPairStride);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-          }
-        }
-      }
-      _tile_stored(0, out + db * kLanes + qb, kOutStride);
-      _tile_stored(1, out + db * kLanes + qb + 16, kOutStride);
-    }
+    for (int qb = 0; qb < kLanes; qb += 32) value_block<false>(vt_tiles, tiles, v_terms, p_pairs, p_terms, dv16, db, qb, out);
   }
 }
 
