@@ -26,6 +26,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"three", "three wgmma blocks per SM at head dim 64"},
       {"persistent", "the persistent grid of the wgmma plain build"},
       {"kv-copies", "the wgmma kernel's 16-byte K/V copies where rows are not whole 32-byte sectors (TMA instead)"},
+      {"narrow", "the wgmma kernel's narrow builds (MMAs over a head dim's columns of its bucket; the bucket's full MMAs instead)"},
       {"kv-tma", "the wgmma kernel's K/V tiles by TMA (its 16-byte copies instead, wherever the K/V are float)"},
       {"cluster", "the split-K merge inside thread-block clusters (the merge pass runs instead)"},
       {"pdl", "every programmatic dependent launch"},

@@ -45,16 +45,20 @@ std::vector<std::string> check_every_kernel(const CaseSpec& spec, DType t, bool 
   const auto ref = data.reference();
   DeviceMirror dev(data);
   std::vector<std::string> ran;
-  // (The wgmma kernel twice: its K/V tiles by TMA and by the producer's copies, the plan picking one by the rows.)
+  // (The wgmma kernel up to four times: its K/V tiles by TMA and by the producer's copies, the plan picking one by
+  // the rows, and its bucket's full build beside a narrow one.)
   std::vector<std::pair<std::string, std::string>> plans{{"", ""}};
   for (const std::string& k : plan_kernel_names()) plans.push_back({k, ""});
   plans.push_back({"wgmma", "kv-tma"});
   plans.push_back({"wgmma", "kv-copies"});
+  plans.push_back({"wgmma", "narrow"});
   for (const auto& [k, off] : plans) {
     Attention op(data.problem(), forced(k, off));
-    const std::string copies = op.describe().find("K/V by copies") != std::string::npos ? " (K/V by copies)" : "";
-    const std::string kernel = kernel_of(op) + copies;
-    const std::string wanted = (k == "mma" ? "tensor-core" : k) + copies;
+    const std::string d = op.describe();
+    const std::string variant = std::string(d.find("K/V by copies") != std::string::npos ? " (K/V by copies)" : "") +
+                                (d.find("narrow MMAs") != std::string::npos ? " (narrow)" : "");
+    const std::string kernel = kernel_of(op) + variant;
+    const std::string wanted = (k == "mma" ? "tensor-core" : k) + variant;
     if ((!k.empty() && kernel != wanted) || std::find(ran.begin(), ran.end(), kernel) != ran.end()) continue;
     ran.push_back(kernel);
     dev.run(op);

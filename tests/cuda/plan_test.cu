@@ -393,6 +393,39 @@ TEST(CudaPlan, ShortRowsBetweenBucketsStayOnTheMmaSyncKernel) {
   EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 160, false)).kernel, Kernel::Warpgroup);
 }
 
+// In its bucket, the wgmma kernel's MMAs cover the narrowest built widths that hold the dims; `off=narrow` and
+// the dims of a bucket itself take its full build.
+TEST(CudaPlan, WgmmaNarrowBuildsCoverOnlyTheProblemsColumns) {
+  using cuda::WarpgroupWidths;
+  using cuda::warpgroup_widths;
+  const auto same = [](WarpgroupWidths a, WarpgroupWidths b) { return a.bucket == b.bucket && a.qk == b.qk && a.v == b.v; };
+  EXPECT_TRUE(same(warpgroup_widths(80, 80, true), {128, 80, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(72, 72, true), {128, 80, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(96, 88, true), {128, 96, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(112, 112, true), {128, 128, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(80, 128, true), {128, 80, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(160, 160, true), {192, 160, 192}));
+  EXPECT_TRUE(same(warpgroup_widths(192, 128, true), {192, 192, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(136, 64, true), {192, 192, 128}));  // (the cheaper of the two that hold it)
+  EXPECT_TRUE(same(warpgroup_widths(80, 80, false), {128, 128, 128}));
+  EXPECT_TRUE(same(warpgroup_widths(40, 40, true), {64, 64, 64}));
+  for (const std::int64_t d : every_head_dim()) {
+    for (const std::int64_t dv : every_head_dim()) {
+      const WarpgroupWidths w = warpgroup_widths(d, dv, true);
+      if (w.bucket == 0) continue;
+      EXPECT_GE(w.qk, d);
+      EXPECT_GE(w.v, dv);
+      EXPECT_EQ(w.bucket, cuda::warpgroup_bucket(std::max(d, dv)));
+    }
+  }
+  const auto phi2 = shape(4, 32, 32, 2048, 2048, 80, true);
+  EXPECT_TRUE(plan_of(phi2).narrow);
+  EXPECT_NE(cuda::describe(plan_of(phi2)).find(", narrow MMAs"), std::string::npos);
+  EXPECT_FALSE(plan_with(phi2, "off=narrow").narrow);
+  EXPECT_FALSE(plan_of(shape(4, 32, 32, 2048, 2048, 128, true)).narrow);
+  EXPECT_FALSE(plan_with(phi2, "kernel=mma").narrow) << "a wgmma build only";
+}
+
 // A problem takes the smallest built bucket that holds it; (192, 128) has its own instance.
 TEST(CudaPlan, HeadDimsTakeTheSmallestBucketThatHoldsThem) {
   using cuda::HeadDimBucket;

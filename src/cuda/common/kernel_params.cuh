@@ -59,6 +59,7 @@ struct KernelParams {
   // v_head_dim are zero on load and not stored. False: the bucket is the real dims, and the kernels read neither
   // (they sit in the general builds' lines of these parameters).
   bool bucketed;
+  bool narrow;  // the wgmma kernel's narrow build of the dims (CudaPlan::narrow, warpgroup_widths)
   MaskedRows masked_rows;
   // Work-budget cut: this launch runs blocks [first_block, block_end). Each of its gridDim.x blocks runs block
   // first_block + blockIdx.x and, in a persistent grid (the wgmma kernel's plain build of three per SM, fewer

@@ -97,6 +97,29 @@ constexpr int warpgroup_bucket(std::int64_t head_dim) {
   return 0;
 }
 
+// Within a bucket, the columns the wgmma kernel's MMAs cover: S = Q Kᵀ runs qk / 16 k-steps and O += P V runs
+// over v columns (whole MMAs of its output: 128 in the 128 bucket, 64 in the 192 bucket), so a head dim of 80 does
+// 5 of the 128 bucket's 8 k-steps of S and MLA's V of 128 2 of the 192 bucket's 3 MMAs of P V. The tiles, shared
+// memory and rows are the bucket's (what the MMAs skip is the TMA's zero fill). One build per entry; a problem
+// takes the narrowest entry of its bucket that holds its dims, else the bucket's full build.
+struct WarpgroupWidths {
+  int bucket = 0;
+  int qk = 0;
+  int v = 0;
+  constexpr bool narrow() const { return qk < bucket || v < bucket; }
+};
+inline constexpr WarpgroupWidths kWarpgroupNarrowBuilds[] = {{128, 80, 128}, {128, 96, 128}, {192, 160, 192},
+                                                             {192, 192, 128}};
+constexpr WarpgroupWidths warpgroup_widths(std::int64_t head_dim, std::int64_t v_head_dim, bool allow_narrow) {
+  const int bucket = warpgroup_bucket(warpgroup_width(head_dim, v_head_dim));
+  WarpgroupWidths best{bucket, bucket, bucket};
+  if (!allow_narrow) return best;
+  for (WarpgroupWidths w : kWarpgroupNarrowBuilds) {
+    if (w.bucket == bucket && w.qk >= head_dim && w.v >= v_head_dim && w.qk + w.v < best.qk + best.v) best = w;
+  }
+  return best;
+}
+
 // Prefill at a head dim between buckets: the wgmma kernel in its wider bucket ran faster than mma.sync in its finer
 // one at every head dim from 40 to 256 on the H200 (1.1-2.3x, batch 4 x 16 x 2048; mma.sync's rate is 0.40-0.60 of
 // wgmma's: bench/results/2026-12-01-h200-cuda-head-dims-first.md). At 32 and below (bucket 64, half of it zeros)

@@ -88,6 +88,7 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
   k.tail_piece_keys = plan.tail_piece_keys;
   k.three_per_sm = plan.three_per_sm;
   k.kv_copies = plan.kv_copies;
+  k.narrow = plan.narrow;
   k.rule = core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)};
   const bool heavy_first = p.causal && plan.row_blocks > 1 && !plan.overrides.is_off("heavy-first");
   std::int64_t heavy_group = 0;
@@ -210,6 +211,7 @@ std::string describe(const CudaPlan& plan) {
   if (plan.plain) s += ", plain";
   if (plan.three_per_sm) s += ", 3 per SM";
   if (plan.kv_copies) s += ", K/V by copies";
+  if (plan.narrow) s += ", narrow MMAs";
   if (plan.persistent_places > 0 && plan.blocks > plan.persistent_places) {
     s += ", persistent grid of " + std::to_string(plan.persistent_places);
   }

@@ -52,6 +52,9 @@ struct CudaPlan {
   // The wgmma kernel's K/V tiles by the producer warpgroup's 16-byte copies instead of TMA: rows that are not
   // whole 32-byte sectors (kv_rows_want_copies).
   bool kv_copies = false;
+  // The wgmma kernel's build whose MMAs cover only the problem's columns of its bucket (warpgroup_widths in
+  // config/tile_table.hpp: head dims 80, 96, 160 and MLA's (192, 128)).
+  bool narrow = false;
   // What the plan was made with (a test's or benchmark's forced choices), for the run's own choices (programmatic
   // launches, the causal block order, the GQA op's rotary of Q) and its fallback plan.
   PlanOverrides overrides;

@@ -122,7 +122,9 @@ constexpr std::size_t smem_bytes_for() {
 // 2026-11-30-h200-short-prologue.md).
 // kPersistent: the plain build of three per SM as a persistent grid (below); its own build, so that a grid of one
 // block per unit runs the code without the units' loop.
-template <class T, int D, class S, bool kPlain, bool kThree, bool kPersistent = false>
+// kQk, kV: the columns the MMAs cover (a narrow build, warpgroup_widths): S in kQk / 16 k-steps, O += P V over
+// kV columns, K's and V's boxes past them not loaded.
+template <class T, int D, class S, bool kPlain, bool kThree, bool kPersistent = false, int kQk = D, int kV = D>
 __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, S, kThree>())
     attention_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ WarpgroupMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -132,6 +134,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   constexpr bool kQuantized = kQuantizedStorage<T, S>;
   constexpr int kBlockRows = block_rows<T, D, S>();
   static_assert(!kThree || kPairedBlocks<T, D, S>, "three blocks per SM: the paired build only");
+  static_assert(kQk % 16 == 0 && kQk <= D && kV % 64 == 0 && kV <= D, "whole k-steps and output boxes of the bucket");
+  static_assert((kQk == D && kV == D) || !kQuantizedStorage<T, S>, "narrow builds: K/V of the query's type");
+  constexpr int kKBoxes = (kQk + 63) / 64, kVBoxes = kV / 64;  // 64-column boxes of K and V that the MMAs read
   constexpr int kTileKeys = tile_keys_for(D);
   constexpr int kTileBytes = static_cast<int>(tile_bytes<D>(kTileKeys));
   constexpr int kRawSlots = raw_slots<S>();
@@ -206,18 +211,19 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     const int key_batch = ragged_keys ? 0 : static_cast<int>(c.b);
     const int slot = g % kSlots;
     const unsigned parity = (g / kSlots) % 2;
-    // One of K and V: wait for its slot to be free, then its D / 64 boxes onto the slot's full barrier.
-    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map) {
+    // One of K and V: wait for its slot to be free, then its boxes onto the slot's full barrier.
+    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map,
+                     int boxes) {
       sm90::mbarrier_wait(&empty[slot], parity ^ 1);
-      sm90::mbarrier_arrive_expect(&full[slot], kTileBytes);
+      sm90::mbarrier_arrive_expect(&full[slot], boxes * kTileKeys * 128);
 #pragma unroll
-      for (int b = 0; b < D / 64; ++b) {
+      for (int b = 0; b < boxes; ++b) {
         sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128, map, b * 64, key_row,
                           static_cast<int>(c.kvh), key_batch, &full[slot]);
       }
     };
-    issue(k_empty, k_full, ks, &maps.k);
-    issue(v_empty, v_full, vs, &maps.v);
+    issue(k_empty, k_full, ks, &maps.k, kKBoxes);
+    issue(v_empty, v_full, vs, &maps.v, kVBoxes);
   };
   // A paged cache (float K/V; pages of 8 keys or more that divide the tile or that it divides, warpgroup_maps'
   // boxes): tile t0's pages box by box, one lane of the producer warp per box and its block-table entry, so the
@@ -233,21 +239,21 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     const int column = key / page_size;
     const int page = lane < boxes ? p.seq.block_table[c.b * p.seq.max_pages_per_seq + column] : 0;
     const int row = key - column * page_size;
-    const unsigned bytes = static_cast<unsigned>(boxes * box_keys * 128 * (D / 64));
-    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map) {
+    auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map,
+                     int columns) {
       sm90::mbarrier_wait(&empty[slot], parity ^ 1);
-      if (lane == 0) sm90::mbarrier_arrive_expect(&full[slot], bytes);
+      if (lane == 0) sm90::mbarrier_arrive_expect(&full[slot], static_cast<unsigned>(boxes * box_keys * 128 * columns));
       __syncwarp();
       if (lane < boxes) {
 #pragma unroll
-        for (int b = 0; b < D / 64; ++b) {
+        for (int b = 0; b < columns; ++b) {
           sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128 + lane * box_keys * 128, map, b * 64, row,
                             static_cast<int>(c.kvh), page, &full[slot]);
         }
       }
     };
-    issue(k_empty, k_full, ks, &maps.k);
-    issue(v_empty, v_full, vs, &maps.v);
+    issue(k_empty, k_full, ks, &maps.k, kKBoxes);
+    issue(v_empty, v_full, vs, &maps.v, kVBoxes);
   };
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
@@ -516,8 +522,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     // (Plain: the keys past hi = k_len are the TMA's zeros already.)
     if (!kPlain && (t0 < lo || t0 + kTileKeys > hi)) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
-      for (int e = tid - 128; e < kTileKeys * (D / 8); e += consumer_threads) {
-        const int j = e / (D / 8), ch = e % (D / 8);
+      for (int e = tid - 128; e < kTileKeys * (kV / 8); e += consumer_threads) {
+        const int j = e / (kV / 8), ch = e % (kV / 8);
         if (t0 + j < lo || t0 + j >= hi) *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, ch)) = uint4{};
       }
       sm90::fence_proxy_async();
@@ -541,7 +547,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     if constexpr (kThree) {
       const std::uint64_t slot_desc = plus(k_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < kQk / 16; ++kk) {
 #pragma unroll
         for (int n = 0; n < kTileKeys / kScoreN; ++n) {
           sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
@@ -552,7 +558,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < kQk / 16; ++kk) {
         const std::uint32_t at = (kk % 4) * 32;
         sm90::Wgmma<T, kScoreN>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
                                     sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
@@ -563,13 +569,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
   // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
   // two halves keep each MMA's operand list at 64 registers), 192 as three of 64.
-  constexpr int kOutN = D % 128 != 0 && D > 128 ? 64 : D > 128 ? 128 : D;
-  static_assert(D % kOutN == 0, "whole MMAs of output columns");
+  constexpr int kOutN = kV % 128 != 0 && kV > 128 ? 64 : kV > 128 ? 128 : kV;
+  static_assert(kV % kOutN == 0, "whole MMAs of output columns");
   auto issue_pv = [&](int t) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + ((ring + t) % kSlots) * kTileBytes);
     const std::uint64_t slot_desc = plus(v_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
-    for (int h = 0; h < D / kOutN; ++h) {
+    for (int h = 0; h < kV / kOutN; ++h) {
       auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
 #pragma unroll
       for (int kk = 0; kk < kTileKeys / 16; ++kk) {
@@ -614,13 +620,15 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       add_tile_sums(tile_sum, row_sum);
     }
   };
+  // The accumulator columns the MMAs write (a narrow build's others stay zero, in no register).
+  auto pin_out = [&] { sm90::pin(*reinterpret_cast<float(*)[kV / 8][4]>(&o[0])); };
   // O and the sums times alpha before the next P V (rescale_accumulator's, one vote for both).
   auto rescale = [&] {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (!__all_sync(0xffffffffu, alpha[half] == 1.0f)) {
 #pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
+        for (int t = 0; t < kV / 8; ++t) {
           o[t][half * 2] *= alpha[half];
           o[t][half * 2 + 1] *= alpha[half];
         }
@@ -656,12 +664,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         rescale();
         pack_p(s);
         prepare_v(t);
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::fence();
         issue_pv(t);
         sm90::wait<0>();
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
         if (!kPersistent || t + 1 < tiles) release(&v_empty[slot]);  // (persistent: the last after the finish)
@@ -697,7 +705,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         rescale();
         prepare_v(t - 1);
         sm90::mbarrier_wait(&k_full[slot], (t / kSlots) % 2);
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
         float s[kTileKeys / 8][4];
@@ -714,7 +722,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         release(&k_empty[slot]);
         softmax_tile(t, s);
         sm90::wait<0>();  // the previous tile's P V: its P registers and V slot are free again
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
         release(&v_empty[(t - 1) % kSlots]);
@@ -724,12 +732,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       if (tiles > 0) {
         rescale();
         prepare_v(tiles - 1);
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::fence();
         issue_pv(tiles - 1);
         sm90::wait<0>();
-        sm90::pin(o);
+        pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
       }
@@ -792,10 +800,11 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 #endif
 }
 
-template <class T, int D, class S, bool kPlain = false, bool kThree = false, bool kPersistent = false>
+template <class T, int D, class S, bool kPlain = false, bool kThree = false, bool kPersistent = false, int kQk = D,
+          int kV = D>
 void launch_stored(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
                    bool overlap) {
-  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree, kPersistent>;
+  constexpr auto kernel = attention_wgmma_kernel<T, D, S, kPlain, kThree, kPersistent, kQk, kV>;
   allow_max_dynamic_smem<kernel>();
   KernelParams params = p;
   params.q_by_tma = maps.q_by_tma != 0;  // (read from the parameters' first lines, which every block reads anyway)
@@ -828,6 +837,17 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (runs_plain(p)) return launch_stored<T, D, T, true>(p, maps, blocks, stream, overlap);
   }
   launch_stored<T, D, T>(p, maps, blocks, stream, overlap);
+}
+
+// A narrow build (warpgroup_widths): the general build, and the plain one in the 128 bucket (where the plain
+// builds are).
+template <class T, int D, int kQk, int kV>
+void launch_narrow(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t blocks, cudaStream_t stream,
+                   bool overlap) {
+  if constexpr (D == 128) {
+    if (runs_plain(p)) return launch_stored<T, D, T, true, false, false, kQk, kV>(p, maps, blocks, stream, overlap);
+  }
+  launch_stored<T, D, T, false, false, false, kQk, kV>(p, maps, blocks, stream, overlap);
 }
 
 }  // namespace
@@ -880,10 +900,19 @@ int warpgroup_resident_blocks(DType dtype, std::int64_t head_dim, KvType type, b
 void launch_warpgroup(const KernelParams& p, const WarpgroupMaps& maps, DType dtype, std::int64_t blocks,
                       cudaStream_t stream, bool overlap) {
   static_assert(sizeof(kWarpgroupBucketDims) / sizeof(int) == 4, "a branch below per built bucket");
+  static_assert(sizeof(kWarpgroupNarrowBuilds) / sizeof(WarpgroupWidths) == 4, "a branch below per narrow build");
   const int bucket = warpgroup_bucket(warpgroup_width(p.head_dim, p.v_head_dim));
+  const WarpgroupWidths widths = warpgroup_widths(p.head_dim, p.v_head_dim, p.narrow);
+  const auto is = [&](WarpgroupWidths w) { return widths.bucket == w.bucket && widths.qk == w.qk && widths.v == w.v; };
   const auto typed = [&](auto element) {
     using T = decltype(element);
-    if (bucket == 64) launch_typed<T, 64>(p, maps, blocks, stream, overlap);
+    constexpr WarpgroupWidths n0 = kWarpgroupNarrowBuilds[0], n1 = kWarpgroupNarrowBuilds[1],
+                              n2 = kWarpgroupNarrowBuilds[2], n3 = kWarpgroupNarrowBuilds[3];
+    if (p.narrow && is(n0)) launch_narrow<T, n0.bucket, n0.qk, n0.v>(p, maps, blocks, stream, overlap);
+    else if (p.narrow && is(n1)) launch_narrow<T, n1.bucket, n1.qk, n1.v>(p, maps, blocks, stream, overlap);
+    else if (p.narrow && is(n2)) launch_narrow<T, n2.bucket, n2.qk, n2.v>(p, maps, blocks, stream, overlap);
+    else if (p.narrow && is(n3)) launch_narrow<T, n3.bucket, n3.qk, n3.v>(p, maps, blocks, stream, overlap);
+    else if (bucket == 64) launch_typed<T, 64>(p, maps, blocks, stream, overlap);
     else if (bucket == 128) launch_typed<T, 128>(p, maps, blocks, stream, overlap);
     else if (bucket == 192) launch_typed<T, 192>(p, maps, blocks, stream, overlap);
     else launch_typed<T, 256>(p, maps, blocks, stream, overlap);

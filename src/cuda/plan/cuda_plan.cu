@@ -417,6 +417,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     }
   }
   plan.kv_copies = warpgroup && kv_rows_want_copies(p, o);
+  plan.narrow = warpgroup && p.k_storage.type == KvType::Float &&
+                warpgroup_widths(p.head_dim, p.v_head_dim, true).narrow() && !o.is_off("narrow");
   // The persistent grid of three per SM's plain build: where its blocks' last round is whole or at least two
   // thirds full. Then a block's next unit loads under the end of its current one: on the H200, against one block
   // per unit, 768 units on 396 places (bert_b8_s512) 21.4 -> 20.3 us, 1,152 31.9 -> 30.0, 1,536 41.5 -> 39.5. A
