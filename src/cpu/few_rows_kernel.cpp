@@ -498,10 +498,10 @@ void run_few_rows_item(const ItemJob& job) {
   } else {
     run_typed<hwy::bfloat16_t>(job, rs);
   }
-  move_output_to_lanes(*job.ws, job.rows, p.v_head_dim);
   if (job.partial != nullptr) {  // split-K: keep the unnormalised state for the merge pass
     save_partial(*job.ws, job.rows, p.v_head_dim, job.partial);
   } else {
+    move_output_to_lanes(*job.ws, job.rows, p.v_head_dim);
     finish_rows_dispatched(job);
   }
 }
@@ -557,10 +557,10 @@ void run_few_rows_wide_item(const ItemJob& job) {
     run_wide_rows<hwy::bfloat16_t>(jobs, rs, heads);
   }
   for (int h = 0; h < heads; ++h) {
-    move_output_to_lanes(views[h], jobs[h].rows, p.v_head_dim);
     if (jobs[h].partial != nullptr) {  // split-K: each head's unnormalised state into its own slot
       save_partial(views[h], jobs[h].rows, p.v_head_dim, jobs[h].partial);
     } else {
+      move_output_to_lanes(views[h], jobs[h].rows, p.v_head_dim);
       finish_rows_dispatched(jobs[h]);
     }
   }

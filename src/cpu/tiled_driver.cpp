@@ -88,22 +88,34 @@ void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, c
                     const Workspace& w) {
   // (the ranges' slots of one K/V head: a wide item keeps one slot per head of its span)
   const std::size_t stride = static_cast<std::size_t>(plan.kv_heads_per_item) * plan.partial_bytes / sizeof(float);
+  // (A few-rows item's partial holds its rows row-major, save_partial's layout: folded in a row-major buffer,
+  // moved into the [dim][lane] layout once.)
+  const bool few = rows <= kFewRows;
   for (std::int64_t r = 0; r < rows; ++r) {
     float max = core::kNegInf;
     float sum = 0.0f;
     bool poison = false;
-    for (std::int64_t d = 0; d < dv; ++d) w.ot[d * kRowBlock + r] = 0.0f;
+    float* const row = w.orows + r * dv;
+    if (few) std::fill(row, row + dv, 0.0f);
+    else for (std::int64_t d = 0; d < dv; ++d) w.ot[d * kRowBlock + r] = 0.0f;
     for (std::int64_t s = 0; s < plan.splits; ++s) {
       const float* part = partials + static_cast<std::size_t>(s) * stride;
       const core::MergeWeights mw = core::merge_weights(max, part[r]);
       sum = sum * mw.wa + part[kRowBlock + r] * mw.wb;
       poison |= part[2 * kRowBlock + r] != 0.0f;
       const float* acc = part + 3 * kRowBlock;
-      for (std::int64_t d = 0; d < dv; ++d) {
-        float& o = w.ot[d * kRowBlock + r];
-        o = o * mw.wa + acc[d * kRowBlock + r] * mw.wb;
+      if (few) {
+        for (std::int64_t d = 0; d < dv; ++d) row[d] = row[d] * mw.wa + acc[r * dv + d] * mw.wb;
+      } else {
+        for (std::int64_t d = 0; d < dv; ++d) {
+          float& o = w.ot[d * kRowBlock + r];
+          o = o * mw.wa + acc[d * kRowBlock + r] * mw.wb;
+        }
       }
       max = mw.max;
+    }
+    if (few) {
+      for (std::int64_t d = 0; d < dv; ++d) w.ot[d * kRowBlock + r] = row[d];
     }
     w.max[r] = max;
     w.sum[r] = sum;
@@ -176,13 +188,9 @@ void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim
     std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
     return;
   }
-  // A decode item: its few lanes of each column, not the whole 64-lane block (16x fewer bytes).
-  float* acc = partial + 3 * kRowBlock;
-  for (std::int64_t d = 0; d < v_head_dim; ++d) {
-    for (int r = 0; r < kFewRows; ++r) {
-      if (r < rows) acc[d * kRowBlock + r] = w.ot[d * kRowBlock + r];
-    }
-  }
+  // A few-rows item: its rows row-major from the kernel's row buffer (`orows`), one contiguous copy (the
+  // [dim][lane] layout would put each row's values 64 floats apart, a cache line per value).
+  std::memcpy(partial + 3 * kRowBlock, w.orows, static_cast<std::size_t>(rows * v_head_dim) * sizeof(float));
 }
 
 // Whether each K/V head's rows lie between other heads' rows (a positions-first cache, NHD pages): a decode item

@@ -96,7 +96,8 @@ void run_few_rows_dispatched(const ItemJob& job);
 // A few-rows item over job.kv_span K/V heads, which take turns tile by tile (interleaved heads' rows read whole).
 void run_few_rows_wide_dispatched(const ItemJob& job);
 
-// Copies the item's unnormalised state into its partial slot.
+// Copies the item's unnormalised state into its partial slot: a few-rows item's output rows row-major (from `orows`),
+// a tiled item's [dim][lane] block (from `ot`); merge_partials reads either by the rows.
 void save_partial(const Workspace& ws, std::int64_t rows, std::int64_t v_head_dim, float* partial);
 // Normalises the item's rows from the workspace state and writes O (and the LSE); used after the merge pass.
 void finish_rows_dispatched(const ItemJob& job);
