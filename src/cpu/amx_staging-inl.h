@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 HWY_BEFORE_NAMESPACE();
 namespace attnkit::cpu::HWY_NAMESPACE {
@@ -104,6 +105,41 @@ inline void stage_query_pairs(const Workspace& w, std::int64_t r, const std::uin
     pairs[(d / 2) * kRowBlock + r] = word;
   }
   if (d < n) pairs[(d / 2) * kRowBlock + r] = ext[d];
+}
+
+// Rows [0, rows) of a bfloat16 item's queries (row r's bits at q + q_index[r]) into the pairs operand, as
+// stage_query_pairs leaves them, a vector of rows at a time where the rows' words are 4-byte aligned: a gather
+// of one word (two dims) from each row, stored whole at [d][r0, r0 + lanes). The per-row copy wrote each row's
+// words a line apart, one store per word. Returns the rows staged (from 0; the rest take stage_query_pairs).
+inline std::int64_t stage_query_pairs_gathered(const Workspace& w, const std::uint16_t* q, const std::int64_t* q_index,
+                                               std::int64_t rows, std::int64_t dim) {
+  const hn::ScalableTag<std::int32_t> di;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(di));
+  auto* pairs = reinterpret_cast<std::int32_t*>(w.q_pairs);
+  const std::int64_t words = dim / 2;
+  std::int64_t r0 = 0;
+  for (; r0 + lanes <= rows; r0 += lanes) {
+    const std::uint16_t* first = q + q_index[r0];
+    if (reinterpret_cast<std::uintptr_t>(first) % 4 != 0) break;
+    HWY_ALIGN std::int32_t offsets[hn::MaxLanes(di)];
+    bool fits = true;
+    for (std::int64_t i = 0; i < lanes; ++i) {
+      const std::int64_t bytes = (q_index[r0 + i] - q_index[r0]) * 2;
+      fits = fits && bytes % 4 == 0 && bytes >= std::numeric_limits<std::int32_t>::min() &&
+             bytes <= std::numeric_limits<std::int32_t>::max();
+      offsets[i] = static_cast<std::int32_t>(bytes);
+    }
+    if (!fits) break;
+    const auto offset = hn::Load(di, offsets);
+    const auto* base = reinterpret_cast<const std::int32_t*>(first);
+    for (std::int64_t d = 0; d < words; ++d) {
+      hn::StoreU(hn::GatherOffset(di, base + d, offset), di, pairs + d * kRowBlock + r0);
+    }
+    if (dim % 2 != 0) {  // an odd head dim's last value, paired with a 0
+      for (std::int64_t i = 0; i < lanes; ++i) pairs[words * kRowBlock + r0 + i] = q[q_index[r0 + i] + dim - 1];
+    }
+  }
+  return r0;
 }
 
 // Where one key tile's staged operands are: K rows [kKeyTile][dim32], V^T [v_terms][dv16][kKeyTile], and the

@@ -279,6 +279,9 @@ ItemTiles set_up_rows(const ItemJob& job) {
   const bool pairs = job.amx || job.bf16_dot;  // (the scores read Q's pairs; qt is not used)
   ItemTiles t{nvec, job.key_end, job.key_begin, false, nullptr, nullptr};
   bool single_head = true;
+  // bfloat16 query rows go into the pairs operand after the loop, a vector of rows at a time.
+  const bool gathered = pairs && p.dtype == DType::bf16;
+  std::int64_t q_index_of[kRowBlock];
   for (std::int64_t r = 0; r < lanes_used; ++r) {
     if (r >= rows) {
       w.begin[r] = 0;
@@ -302,6 +305,10 @@ ItemTiles set_up_rows(const ItemJob& job) {
       t.union_end = std::max(t.union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
+    if (gathered) {
+      q_index_of[r] = q_index;
+      continue;
+    }
     if (pairs) {
       stage_query_pairs(w, r, static_cast<const std::uint16_t*>(a.q.data) + q_index, p.dtype, dim);
       continue;
@@ -309,6 +316,12 @@ ItemTiles set_up_rows(const ItemJob& job) {
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+  }
+  if (gathered) {
+    const auto* q = static_cast<const std::uint16_t*>(a.q.data);
+    for (std::int64_t r = stage_query_pairs_gathered(w, q, q_index_of, rows, dim); r < rows; ++r) {
+      stage_query_pairs(w, r, q + q_index_of[r], p.dtype, dim);
+    }
   }
   t.mask_per_key = p.has_mask && p.mask.row_stride == 0 && (p.mask.head_stride == 0 || single_head);
   t.k_scales = kv_head_scales(a.k_scale, p.k_storage, job.kvh, dim);
