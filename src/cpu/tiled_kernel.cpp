@@ -256,6 +256,31 @@ void prefetch_item_rows(const ItemJob& job, bool output) {
   }
 }
 
+// Rows [0, rows) of a float32 item's queries (row r at q + q_index[r]) into qt ([dim][lane]), a vector of rows at
+// a time: a gather of one dim from each row, stored whole (the per-row copy stored each value a line from the
+// last). Returns the rows staged (from 0; the rest are copied row by row).
+std::int64_t stage_query_columns_gathered(const Workspace& w, const float* q, const std::int64_t* q_index,
+                                          std::int64_t rows, std::int64_t dim) {
+  const DF df;
+  const DI di;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t r0 = 0;
+  for (; r0 + lanes <= rows; r0 += lanes) {
+    HWY_ALIGN std::int32_t offsets[hn::MaxLanes(di)];
+    bool fits = true;
+    for (std::int64_t i = 0; i < lanes; ++i) {
+      const std::int64_t bytes = (q_index[r0 + i] - q_index[r0]) * static_cast<std::int64_t>(sizeof(float));
+      fits = fits && bytes >= std::numeric_limits<std::int32_t>::min() && bytes <= std::numeric_limits<std::int32_t>::max();
+      offsets[i] = static_cast<std::int32_t>(bytes);
+    }
+    if (!fits) break;
+    const auto offset = hn::Load(di, offsets);
+    const float* base = q + q_index[r0];
+    for (std::int64_t d = 0; d < dim; ++d) hn::Store(hn::GatherOffset(df, base + d, offset), df, w.qt + d * kRowBlock + r0);
+  }
+  return r0;
+}
+
 // What every key tile of an item reads, set up once by run_item.
 struct ItemTiles {
   std::size_t nvec;           // query vectors in use
@@ -279,9 +304,10 @@ ItemTiles set_up_rows(const ItemJob& job) {
   const bool pairs = job.amx || job.bf16_dot;  // (the scores read Q's pairs; qt is not used)
   ItemTiles t{nvec, job.key_end, job.key_begin, false, nullptr, nullptr};
   bool single_head = true;
-  // bfloat16 query rows go into the pairs operand after the loop, a vector of rows at a time.
+  // bfloat16 query rows go into the pairs operand after the loop, float32 ones into qt, a vector of rows at a time.
   const bool gathered = pairs && p.dtype == DType::bf16;
-  std::int64_t q_index_of[kRowBlock];
+  const bool gathered_f32 = !pairs && p.dtype == DType::f32;
+  std::int64_t q_index_of[kRowBlock] = {};
   for (std::int64_t r = 0; r < lanes_used; ++r) {
     if (r >= rows) {
       w.begin[r] = 0;
@@ -305,7 +331,7 @@ ItemTiles set_up_rows(const ItemJob& job) {
       t.union_end = std::max(t.union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
-    if (gathered) {
+    if (gathered || gathered_f32) {
       q_index_of[r] = q_index;
       continue;
     }
@@ -316,6 +342,12 @@ ItemTiles set_up_rows(const ItemJob& job) {
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+  }
+  if (gathered_f32) {
+    const auto* q = static_cast<const float*>(a.q.data);
+    for (std::int64_t r = stage_query_columns_gathered(w, q, q_index_of, rows, dim); r < rows; ++r) {
+      for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = q[q_index_of[r] + d];
+    }
   }
   if (gathered) {
     const auto* q = static_cast<const std::uint16_t*>(a.q.data);
