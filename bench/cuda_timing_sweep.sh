@@ -6,6 +6,8 @@
 #   usage: bench/cuda_timing_sweep.sh SPEC_FILE [timing-binary [timing-binary-B]]
 #   SPEC_FILE lines: label | shape:... or pshape:... | dtype | plan;plan;...   ("" in the plan list: the plan's own)
 set -uo pipefail
+# The bundle's libraries (Highway, the C++ runtime) where the GPU image lacks them, as scripts/gpu-check sets them.
+[ -d build/gpu-bundle/lib ] && export LD_LIBRARY_PATH="$PWD/build/gpu-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 spec=$1
 bin=${2:-build/gpu-bundle/attnkit_cuda_timing}
 bin_b=${3:-}
