@@ -281,6 +281,55 @@ std::int64_t stage_query_columns_gathered(const Workspace& w, const float* q, co
   return r0;
 }
 
+// The same for float16 / bfloat16 query rows (row r's bits at q + q_index[r]): one gather of a 32-bit word (two
+// dims) from each row, widened exactly into the two dims' columns, where the rows' words are 4-byte aligned.
+std::int64_t stage_half_query_columns_gathered(const Workspace& w, const std::uint16_t* q, const std::int64_t* q_index,
+                                               std::int64_t rows, std::int64_t dim, DType t) {
+  const DF df;
+  const DI di;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<std::uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t words = dim / 2;
+  std::int64_t r0 = 0;
+  for (; r0 + lanes <= rows; r0 += lanes) {
+    const std::uint16_t* first = q + q_index[r0];
+    if (reinterpret_cast<std::uintptr_t>(first) % 4 != 0) break;
+    HWY_ALIGN std::int32_t offsets[hn::MaxLanes(di)];
+    bool fits = true;
+    for (std::int64_t i = 0; i < lanes; ++i) {
+      const std::int64_t bytes = (q_index[r0 + i] - q_index[r0]) * 2;
+      fits = fits && bytes % 4 == 0 && bytes >= std::numeric_limits<std::int32_t>::min() &&
+             bytes <= std::numeric_limits<std::int32_t>::max();
+      offsets[i] = static_cast<std::int32_t>(bytes);
+    }
+    if (!fits) break;
+    const auto offset = hn::Load(di, offsets);
+    const auto* base = reinterpret_cast<const std::int32_t*>(first);
+    const auto low_half = hn::Set(du, 0xFFFFu);
+    for (std::int64_t d = 0; d < words; ++d) {
+      const auto word = hn::BitCast(du, hn::GatherOffset(di, base + d, offset));
+      VF even, odd;
+      if (t == DType::bf16) {  // (a bfloat16 is the top half of its float32)
+        even = hn::BitCast(df, hn::ShiftLeft<16>(word));
+        odd = hn::BitCast(df, hn::AndNot(low_half, word));
+      } else {
+        even = hn::PromoteTo(df, hn::BitCast(dh, hn::TruncateTo(du16, word)));
+        odd = hn::PromoteTo(df, hn::BitCast(dh, hn::TruncateTo(du16, hn::ShiftRight<16>(word))));
+      }
+      hn::Store(even, df, w.qt + 2 * d * kRowBlock + r0);
+      hn::Store(odd, df, w.qt + (2 * d + 1) * kRowBlock + r0);
+    }
+    if (dim % 2 != 0) {  // an odd head dim's last value
+      for (std::int64_t i = 0; i < lanes; ++i) {
+        widen_row(q + q_index[r0 + i] + dim - 1, t, 1, w.qt + (dim - 1) * kRowBlock + r0 + i);
+      }
+    }
+  }
+  return r0;
+}
+
 // What every key tile of an item reads, set up once by run_item.
 struct ItemTiles {
   std::size_t nvec;           // query vectors in use
@@ -307,6 +356,7 @@ ItemTiles set_up_rows(const ItemJob& job) {
   // bfloat16 query rows go into the pairs operand after the loop, float32 ones into qt, a vector of rows at a time.
   const bool gathered = pairs && p.dtype == DType::bf16;
   const bool gathered_f32 = !pairs && p.dtype == DType::f32;
+  const bool gathered_half = !pairs && (p.dtype == DType::f16 || p.dtype == DType::bf16);
   std::int64_t q_index_of[kRowBlock] = {};
   for (std::int64_t r = 0; r < lanes_used; ++r) {
     if (r >= rows) {
@@ -331,7 +381,7 @@ ItemTiles set_up_rows(const ItemJob& job) {
       t.union_end = std::max(t.union_end, end);
     }
     const std::int64_t q_index = job.seqs->query_index(p.q, job.seq, job.b, h, i);
-    if (gathered || gathered_f32) {
+    if (gathered || gathered_f32 || gathered_half) {
       q_index_of[r] = q_index;
       continue;
     }
@@ -342,6 +392,13 @@ ItemTiles set_up_rows(const ItemJob& job) {
     widen_row(static_cast<const char*>(a.q.data) + q_index * static_cast<std::int64_t>(dtype_size(p.dtype)),
               p.dtype, dim, w.row);
     for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+  }
+  if (gathered_half) {
+    const auto* q = static_cast<const std::uint16_t*>(a.q.data);
+    for (std::int64_t r = stage_half_query_columns_gathered(w, q, q_index_of, rows, dim, p.dtype); r < rows; ++r) {
+      widen_row(q + q_index_of[r], p.dtype, dim, w.row);
+      for (std::int64_t d = 0; d < dim; ++d) w.qt[d * kRowBlock + r] = w.row[d];
+    }
   }
   if (gathered_f32) {
     const auto* q = static_cast<const float*>(a.q.data);
