@@ -119,19 +119,9 @@ inline std::int64_t stage_query_pairs_gathered(const Workspace& w, const std::ui
   const std::int64_t words = dim / 2;
   std::int64_t r0 = 0;
   for (; r0 + lanes <= rows; r0 += lanes) {
-    const std::uint16_t* first = q + q_index[r0];
-    if (reinterpret_cast<std::uintptr_t>(first) % 4 != 0) break;
-    HWY_ALIGN std::int32_t offsets[hn::MaxLanes(di)];
-    bool fits = true;
-    for (std::int64_t i = 0; i < lanes; ++i) {
-      const std::int64_t bytes = (q_index[r0 + i] - q_index[r0]) * 2;
-      fits = fits && bytes % 4 == 0 && bytes >= std::numeric_limits<std::int32_t>::min() &&
-             bytes <= std::numeric_limits<std::int32_t>::max();
-      offsets[i] = static_cast<std::int32_t>(bytes);
-    }
-    if (!fits) break;
-    const auto offset = hn::Load(di, offsets);
-    const auto* base = reinterpret_cast<const std::int32_t*>(first);
+    hn::Vec<decltype(di)> offset;
+    if (!gather_row_offsets(di, q, q_index, r0, 2, 4, offset)) break;
+    const auto* base = reinterpret_cast<const std::int32_t*>(q + q_index[r0]);
     for (std::int64_t d = 0; d < words; ++d) {
       hn::StoreU(hn::GatherOffset(di, base + d, offset), di, pairs + d * kRowBlock + r0);
     }

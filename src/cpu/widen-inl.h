@@ -14,7 +14,9 @@
 
 #include <attnkit/attention.hpp>
 
+#include <cstdint>
 #include <cstring>
+#include <limits>
 
 HWY_BEFORE_NAMESPACE();
 namespace attnkit::cpu::HWY_NAMESPACE {
@@ -23,6 +25,27 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 using DI = hn::RebindToSigned<DF>;
+
+// For gathering one word (`word_bytes`) from each of rows r0.. of a vector (row r's elements of `elem_bytes` from
+// index q_index[r] of base `q`): the rows' byte offsets from row r0's. False, with nothing to gather, where row
+// r0's start is not word-aligned, or an offset is not whole words or does not fit int32 (the gather's offsets).
+template <class DI32>
+HWY_INLINE bool gather_row_offsets(DI32 di, const void* q, const std::int64_t* q_index, std::int64_t r0,
+                                   std::int64_t elem_bytes, std::int64_t word_bytes, hn::Vec<DI32>& offset) {
+  const auto* first = static_cast<const char*>(q) + q_index[r0] * elem_bytes;
+  if (reinterpret_cast<std::uintptr_t>(first) % static_cast<std::uintptr_t>(word_bytes) != 0) return false;
+  HWY_ALIGN std::int32_t offsets[hn::MaxLanes(di)];
+  for (std::size_t i = 0; i < hn::Lanes(di); ++i) {
+    const std::int64_t bytes = (q_index[r0 + static_cast<std::int64_t>(i)] - q_index[r0]) * elem_bytes;
+    if (bytes % word_bytes != 0 || bytes < std::numeric_limits<std::int32_t>::min() ||
+        bytes > std::numeric_limits<std::int32_t>::max()) {
+      return false;
+    }
+    offsets[i] = static_cast<std::int32_t>(bytes);
+  }
+  offset = hn::Load(di, offsets);
+  return true;
+}
 
 // Widens `n` elements of type `t` at `src` into `dst`.
 HWY_INLINE void widen_row(const void* src, DType t, std::int64_t n, float* HWY_RESTRICT dst) {
