@@ -336,7 +336,8 @@ ItemTiles set_up_rows(const ItemJob& job) {
   const bool pairs = job.amx || job.bf16_dot;  // (the scores read Q's pairs; qt is not used)
   ItemTiles t{nvec, job.key_end, job.key_begin, false, nullptr, nullptr};
   bool single_head = true;
-  // bfloat16 query rows go into the pairs operand after the loop, float32 ones into qt, a vector of rows at a time.
+  // Query rows go into their operand after the loop, a vector of rows at a time: bfloat16 into the pairs (AMX,
+  // vdpbf16ps), every type into qt on the SIMD path. (Float16 pairs take extended rows, built row by row.)
   const bool gathered = pairs && p.dtype == DType::bf16;
   const bool gathered_f32 = !pairs && p.dtype == DType::f32;
   const bool gathered_half = !pairs && (p.dtype == DType::f16 || p.dtype == DType::bf16);
