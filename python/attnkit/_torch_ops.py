@@ -47,6 +47,19 @@ def _plain_eager(tensors: Sequence[Any]) -> bool:
     return True
 
 
+def _as_tensor(a: Any) -> Optional[torch.Tensor]:
+    """A small input given as a NumPy array (or scalar) beside torch tensors, as a CPU tensor; ml_dtypes bfloat16,
+    which torch.as_tensor refuses, through its 16-bit pattern."""
+    if a is None or isinstance(a, torch.Tensor):
+        return a
+    import numpy as np
+
+    arr = np.asarray(a)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16)).view(torch.bfloat16)
+    return torch.as_tensor(arr)
+
+
 def _capsule(t: Any) -> Any:
     """A tensor as a DLPack capsule made by torch's C function (one exchange, no Python ``__dlpack__``); another
     array (a NumPy scalar input beside a torch query) as it is."""
@@ -372,7 +385,7 @@ def group_query_attention(inputs: Sequence[Any], total_sequence_length: Any, out
     total = _total_as_int(total_sequence_length)
     qk_output = attrs[9]
     if not _plain_eager(list(inputs) + [output, present_key, present_value, output_qk]):
-        inputs = tuple(t if t is None or isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in inputs)
+        inputs = tuple(_as_tensor(t) for t in inputs)
     if _plain_eager(list(inputs) + [output, present_key, present_value, output_qk]):
         fresh = _gqa_impl(inputs, total, in_place, (output, present_key, present_value, output_qk), attrs, threads)
     else:

@@ -86,6 +86,24 @@ def test_group_query_attention_matches_the_numpy_path():
         np.testing.assert_array_equal(a.numpy(), b)
 
 
+def test_group_query_attention_takes_numpy_small_inputs_beside_bfloat16_tensors():
+    """head_sink as an ml_dtypes bfloat16 NumPy array and seqlens_k as a NumPy array beside bfloat16 torch tensors
+    (torch.as_tensor refuses ml_dtypes' bfloat16): the bits of the all-NumPy call."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    g = torch.Generator().manual_seed(5)
+    x = {n: (t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
+         for n, t in _gqa_decode(g).items()}
+    sink = (2 * np.random.default_rng(5).standard_normal(4)).astype(ml_dtypes.bfloat16)
+    as_np = lambda t: t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 \
+        else t.numpy()  # noqa: E731
+    np_x = {n: (as_np(t).copy() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    want = attnkit.group_query_attention(**np_x, head_sink=sink, num_heads=4, kv_num_heads=2)
+    got = attnkit.group_query_attention(**dict(x, seqlens_k=x["seqlens_k"].numpy()), head_sink=sink, num_heads=4,
+                                        kv_num_heads=2)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(as_np(a), b)
+
+
 def test_compile_fullgraph_and_export():
     g = torch.Generator().manual_seed(4)
     q, k, v = _qkv(g)
