@@ -23,13 +23,14 @@ if [ -n "$bin_b" ]; then
 else
   printf '%-30s %-32s %9s  %s\n' label plan "graph us" kernel
 fi
+trim() { sed -E 's/^[[:space:]]+|[[:space:]]+$//g' <<<"$1"; }  # (not xargs: a quote in a comment line breaks it)
 while IFS='|' read -r label shape dtype plans; do
-  label=$(echo "$label" | xargs); shape=$(echo "$shape" | xargs); dtype=$(echo "$dtype" | xargs)
+  label=$(trim "$label"); shape=$(trim "$shape"); dtype=$(trim "$dtype")
   [[ -z "$label" || "$label" == \#* ]] && continue
   IFS=';' read -ra list <<<"$plans"
   [ "${#list[@]}" -eq 0 ] && list=("")
   for plan in "${list[@]}"; do
-    plan=$(echo "$plan" | xargs)
+    plan=$(trim "$plan")
     IFS='|' read -r us kernel <<<"$(time_one "$bin" "$shape" "$dtype" "$plan")"
     if [ -n "$bin_b" ]; then
       IFS='|' read -r us_b kernel_b <<<"$(time_one "$bin_b" "$shape" "$dtype" "$plan")"
