@@ -71,15 +71,16 @@ TEST(CudaAttention, EveryCaseMatchesTheReferenceOnEveryKernel) {
       DeviceMirror dev(data);
       std::vector<std::string> plans{""};
       for (const std::string& k : plan_kernel_names()) plans.push_back("kernel=" + k);
+      plans.push_back("kernel=wgmma,off=three");  // (two blocks per SM where the plan runs three)
       std::vector<std::string> seen;
       for (const std::string& plan : plans) {
         Attention op(data.problem(), cuda_config(plan));
-        const std::string kernel = op.describe().substr(0, op.describe().find(' '));
-        if (!plan.empty() && (!runs_on(op, plan.substr(7)) ||
-                              std::find(seen.begin(), seen.end(), kernel) != seen.end())) {
+        const std::string kernel = plan.empty() ? "" : plan.substr(7, plan.find(',') - 7);
+        if (!plan.empty() && (!runs_on(op, kernel) ||
+                              std::find(seen.begin(), seen.end(), op.describe()) != seen.end())) {
           continue;  // (the kernel declines the problem, or ran already as the plan's choice)
         }
-        seen.push_back(kernel);
+        seen.push_back(op.describe());
         dev.run(op);
         const double err = data.scaled_error(ref);
         std::printf("%-32s %-9s err %.2e (bound %.0e)  %s\n", spec.name.c_str(), std::string(dtype_name(t)).c_str(),

@@ -1,7 +1,7 @@
 // Every head dim and V dim on every CUDA kernel that accepts the problem (forced through the plan overrides, not
 // only the plan's choice), against the float64 reference at the contract's tolerances: head dims 1-16, every
-// multiple of 8 to 256 and odd ones, each with V dim equal and 64 / 128 / 256, float16 / bfloat16 / float32, plain
-// and with causal + mask + key lengths; bit-identical reruns and cut calls equal to whole calls.
+// multiple of 8 to 256 and odd ones, each with V dim equal and 64 / 128 / 256, float16 / bfloat16 / float32, plain,
+// with causal + mask + key lengths and with causal + key lengths; bit-identical reruns and cut calls equal to whole calls.
 #include <testing/case_data.hpp>
 #include <testing/device_mirror.hpp>
 
@@ -45,18 +45,20 @@ std::vector<std::string> check_every_kernel(const CaseSpec& spec, DType t, bool 
   const auto ref = data.reference();
   DeviceMirror dev(data);
   std::vector<std::string> ran;
-  // (The wgmma kernel up to four times: its K/V tiles by TMA and by the producer's copies, the plan picking one by
-  // the rows, and its bucket's full build beside a narrow one.)
+  // (The wgmma kernel up to five times: its K/V tiles by TMA and by the producer's copies, the plan picking one by
+  // the rows, its bucket's full build beside a narrow one, and two blocks per SM beside three at head dim 64.)
   std::vector<std::pair<std::string, std::string>> plans{{"", ""}};
   for (const std::string& k : plan_kernel_names()) plans.push_back({k, ""});
   plans.push_back({"wgmma", "kv-tma"});
   plans.push_back({"wgmma", "kv-copies"});
   plans.push_back({"wgmma", "narrow"});
+  plans.push_back({"wgmma", "three"});
   for (const auto& [k, off] : plans) {
     Attention op(data.problem(), forced(k, off));
     const std::string d = op.describe();
     const std::string variant = std::string(d.find("K/V by copies") != std::string::npos ? " (K/V by copies)" : "") +
-                                (d.find("narrow MMAs") != std::string::npos ? " (narrow)" : "");
+                                (d.find("narrow MMAs") != std::string::npos ? " (narrow)" : "") +
+                                (d.find("3 per SM") != std::string::npos ? " (3 per SM)" : "");
     const std::string kernel = kernel_of(op) + variant;
     const std::string wanted = (k == "mma" ? "tensor-core" : k) + variant;
     if ((!k.empty() && kernel != wanted) || std::find(ran.begin(), ran.end(), kernel) != ran.end()) continue;
@@ -83,7 +85,9 @@ TEST(CudaHeadDims, EveryHeadDimAndVDimOnEveryKernelThatAcceptsIt) {
   for (const std::int64_t d : swept_head_dims()) {
     for (const std::int64_t dv : {std::int64_t{0}, std::int64_t{64}, std::int64_t{128}, std::int64_t{256}}) {
       for (const DType t : {DType::f16, DType::bf16, DType::f32}) {
-        for (const bool extras : {false, true}) {
+        // 0: no rule; 1: causal, a mask and key lengths; 2: causal and key lengths without a mask (what the
+        // wgmma kernel's build of three blocks per SM takes besides the plain problems).
+        for (const int extras : {0, 1, 2}) {
           CaseSpec spec;
           spec.name = "head dims";
           spec.batch = 2, spec.heads = 4, spec.kv_heads = 2, spec.q_len = 37, spec.k_len = 150;
@@ -93,12 +97,12 @@ TEST(CudaHeadDims, EveryHeadDimAndVDimOnEveryKernelThatAcceptsIt) {
           spec.layout = extras ? LayoutKind::Padded : LayoutKind::PositionsFirst;
           if (extras) {
             spec.causal = true;
-            spec.mask = MaskKind::Random;
             spec.key_lengths = KeyLengths::Random;
           }
+          if (extras == 1) spec.mask = MaskKind::Random;
           SCOPED_TRACE("d " + std::to_string(d) + " dv " + std::to_string(dv) + " " + std::string(dtype_name(t)) +
-                       (extras ? " causal+mask+lengths" : " plain"));
-          const auto ran = check_every_kernel(spec, t, /*rerun_and_cut=*/dv == 0 && !extras);
+                       (extras == 1 ? " causal+mask+lengths" : extras == 2 ? " causal+lengths" : " plain"));
+          const auto ran = check_every_kernel(spec, t, /*rerun_and_cut=*/dv == 0 && extras != 1);
           // float16 / bfloat16 never fall to the SIMT kernel: the plan's choice (first) is a tensor-core kernel.
           ASSERT_FALSE(ran.empty());
           if (t != DType::f32) EXPECT_NE(ran.front(), "simt");

@@ -217,9 +217,9 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_FALSE(plan_of(core::normalize_and_check(paired)).plain) << "output rows on pairs, off 16 bytes";
 }
 
-// Head dim 64: every problem whose rows see every key with the scale in the exponent runs three blocks per SM
-// (128-key tiles, one at a time), in the plain build or the general one, however many rounds its grid is; causal
-// shapes, a mask, key lengths, a split and off=three keep two.
+// Head dim 64: every problem whose rows see their key ranges alone (no mask, no softcap) with the scale in the
+// exponent runs three blocks per SM (128-key tiles, one at a time), in the plain build or the general one (causal
+// rules, windows, key lengths), however many rounds its grid is; a mask, a softcap, a split and off=three keep two.
 TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
@@ -229,11 +229,19 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   const CudaPlan long_keys = plan_of(shape(4, 32, 32, 4096, 4096, 64, false));
   EXPECT_TRUE(long_keys.three_per_sm) << "4096 keys: the general build";
   EXPECT_FALSE(long_keys.plain);
-  EXPECT_FALSE(plan_of(shape(1, 12, 12, 1500, 1500, 64, true)).three_per_sm) << "causal";
+  const CudaPlan causal = plan_of(shape(1, 12, 12, 1500, 1500, 64, true));
+  EXPECT_TRUE(causal.three_per_sm) << "causal";
+  EXPECT_FALSE(causal.plain) << "causal: the general build";
+  EXPECT_EQ(causal.persistent_places, 0) << "causal: one block per unit";
+  EXPECT_EQ(cuda::describe(causal), "cuda.wgmma 288 blocks of 64 rows, 76176 B shared, 132 SMs, 3 per SM");
   EXPECT_FALSE(plan_of(masked_encoder(64)).three_per_sm) << "a mask";
   AttentionProblem lengths = AttentionProblem::head_first(8, 12, 12, 512, 512, 64, DType::f16);
   lengths.has_key_lengths = true;
-  EXPECT_FALSE(plan_of(core::normalize_and_check(lengths)).three_per_sm) << "key lengths";
+  EXPECT_TRUE(plan_of(core::normalize_and_check(lengths)).three_per_sm) << "key lengths";
+  AttentionProblem window = AttentionProblem::head_first(4, 16, 16, 2048, 2048, 64, DType::bf16);
+  window.causal = true;
+  window.window = 512;
+  EXPECT_TRUE(plan_of(core::normalize_and_check(window)).three_per_sm) << "a sliding window";
   AttentionProblem capped = AttentionProblem::head_first(8, 12, 12, 512, 512, 64, DType::f16);
   capped.softcap = 30.0f;
   EXPECT_FALSE(plan_of(core::normalize_and_check(capped)).three_per_sm) << "softcap";

@@ -163,6 +163,20 @@ __device__ __forceinline__ float scale_plain_scores(float (&s)[kCols / 8][4], fl
   return scale;
 }
 
+// -inf in one half's row of the scores outside its visible columns [lo_col, hi_col) of the tile.
+template <int kCols>
+__device__ __forceinline__ void hide_unseen_columns(float (&s)[kCols / 8][4], int half, int lo_col, int hi_col) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = j * 8 + (lane % 4) * 2 + e;
+      float& x = s[j][half * 2 + e];
+      x = col >= lo_col && col < hi_col ? x : core::kNegInf;
+    }
+}
+
 // Scores of a tile of kCols keys starting at key k0 (n of them real): scale (or softcap), then, unless the
 // tile is `full` (every row sees every key, no mask), the mask and the visibility test (-inf where unseen).
 // Returns the factor still to apply, for softmax_exponentials: the scale where folds_scale (the scores are left
@@ -225,17 +239,26 @@ __device__ __forceinline__ float transform_scores(float (&s)[kCols / 8][4], cons
         case DType::f32: add_mask(static_cast<const float*>(p.mask) + mask_row); break;
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = j * 8 + (lane % 4) * 2 + e;
-          float& x = s[j][half * 2 + e];
-          x = col >= lo_col && col < hi_col ? x : core::kNegInf;
-        }
+      hide_unseen_columns<kCols>(s, half, lo_col, hi_col);
     }
   }
   return left;
+}
+
+// The visibility test alone, for a build whose problems have no mask and a scale left to the exponent
+// (sees_keys_by_rule_only: the wgmma kernel's build of three per SM under a causal rule, a window or key
+// lengths): -inf where a row does not see the key by its row table's range, or past column n. Returns nothing;
+// the scale stays for softmax_exponentials.
+template <int kCols>
+__device__ __forceinline__ void hide_unseen_keys(float (&s)[kCols / 8][4], const RowTables& t, int r0, int rows,
+                                                 int first, int n) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + half * 8;
+    const int lo_col = r < rows ? t.begin[r] - first : 0;
+    const int hi_col = r < rows ? min(t.end[r] - first, n) : 0;
+    hide_unseen_columns<kCols>(s, half, lo_col, hi_col);
+  }
 }
 
 // The online softmax for one tile, without the accumulator: new row maxima, the running sums scaled by

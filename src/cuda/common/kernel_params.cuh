@@ -356,11 +356,18 @@ __host__ __device__ __forceinline__ bool folds_scale(const KernelParams& p) {
 }
 
 // Every row sees every key of [0, k_len) and the scale goes to the exponent (folds_scale): the scores need no
-// test but the keys' end, as in the plain build (scale_plain_scores). The wgmma kernel's build of three blocks per
-// SM takes only such problems, in its general build too.
+// test but the keys' end, as in the plain build (scale_plain_scores). The wgmma kernel's plain build of three
+// blocks per SM takes only such problems.
 __host__ __device__ __forceinline__ bool sees_keys_as_plain(const KernelParams& p) {
   return folds_scale(p) && !p.has_sequences && !p.has_key_lengths && p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr &&
          p.splits == 1;
+}
+
+// No mask, no softcap, the scale in the exponent (folds_scale), one batch layout and no key split: what a row
+// sees is its row table's key range alone (a causal rule, a window, key lengths, causal offsets), so the scores
+// need only hide_unseen_keys. The wgmma kernel's general build of three blocks per SM takes these.
+__host__ __device__ __forceinline__ bool sees_keys_by_rule_only(const KernelParams& p) {
+  return folds_scale(p) && !p.has_sequences && p.splits == 1;
 }
 
 // A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule

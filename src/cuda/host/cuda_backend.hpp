@@ -47,7 +47,8 @@ struct CudaPlan {
   // pointers send it to the SIMT kernel takes the merge pass.
   bool cluster_merge = false;
   // The wgmma kernel at head dim 64 as three 64-row blocks per SM (instead of two), 128-key tiles one at a time:
-  // for problems whose rows see every key with the scale in the exponent (sees_keys_as_plain).
+  // for problems whose rows see their key ranges alone (no mask or softcap) with the scale in the exponent
+  // (sees_keys_by_rule_only: a causal rule, a window and key lengths included).
   bool three_per_sm = false;
   // The wgmma kernel's K/V tiles by the producer warpgroup's 16-byte copies instead of TMA: rows that are not
   // whole 32-byte sectors (kv_rows_want_copies).

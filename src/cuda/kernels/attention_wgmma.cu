@@ -599,10 +599,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   auto softmax_tile = [&](int t, float (&s)[kTileKeys / 8][4]) {
     const int t0 = first_tile + t * kTileKeys;
     float score_scale;  // (what transform_scores leaves to the exponent)
-    if constexpr (kPlain || kThree) {
-      // (The build of three per SM runs problems whose rows see every key of [0, k_len) and whose scale goes
-      // to the exponent only, sees_keys_as_plain: its general build too, whose visibility tests spilled.)
+    if constexpr (kPlain) {
       score_scale = scale_plain_scores<kTileKeys>(s, p.transform.scale, hi - t0);
+    } else if constexpr (kThree) {
+      // (The general build of three per SM runs problems with no mask or softcap and the scale in the exponent,
+      // sees_keys_by_rule_only: the visibility test alone, on the tiles that some row does not see whole. The
+      // general transform_scores spilled here.)
+      score_scale = p.transform.scale;
+      if (t0 < keys.all_begin || t0 + kTileKeys > keys.all_end) {
+        hide_unseen_keys<kTileKeys>(s, tables, r0, rows, t0, hi - t0);
+      }
     } else {
       const bool full = !p.has_mask && keys.all_begin <= t0 && keys.all_end >= t0 + kTileKeys;
       score_scale = transform_scores<kTileKeys, true>(s, p, c, tables, r0, rows, t0, kTileKeys, full);
@@ -823,7 +829,7 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
     if constexpr (D == 64) {
-      if (p.three_per_sm && sees_keys_as_plain(p)) {
+      if (p.three_per_sm && sees_keys_by_rule_only(p)) {
         // A persistent grid needs Q by TMA (its producer loads the next unit's) and one key range for every unit.
         const bool persistent = maps.q_by_tma != 0 && !p.kv_copies && blocks > p.persistent_places &&
                                 p.persistent_places > 0 && p.tail_pieces <= 1 && !p.cluster_merge && p.k_len > 0;

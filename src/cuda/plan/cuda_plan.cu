@@ -133,12 +133,12 @@ bool plain_shape(const AttentionProblem& p) {
          p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
 
-// Whether every row sees every key of [0, k_len) and the scale may go to the exponent: the problems that the
-// wgmma kernel's build of three blocks per SM takes (its launch checks sees_keys_as_plain again).
-bool sees_keys_as_plain(const AttentionProblem& p) {
+// Whether what a row sees is its key range alone (a causal rule, a window, key lengths: no mask, no softcap) and
+// the scale may go to the exponent: the problems that the wgmma kernel's build of three blocks per SM takes (its
+// launch checks sees_keys_by_rule_only again).
+bool sees_keys_by_rule_only(const AttentionProblem& p) {
   const float scale = p.scale.value_or(1.0f);
-  return !p.sequences.any() && rule_hides_no_key(p) && !p.has_mask && !p.has_key_lengths && p.softcap.value_or(0.0f) == 0.0f &&
-         scale > 0.0f && scale <= FLT_MAX;
+  return !p.sequences.any() && !p.has_mask && p.softcap.value_or(0.0f) == 0.0f && scale > 0.0f && scale <= FLT_MAX;
 }
 
 // Whether the problem, whole (no split), may run the tile kernels' plain build (CudaPlan::plain).
@@ -387,13 +387,13 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
                (plan.splits == 1 || plan.cluster_merge) && plain_problem(p, o);
   // Head dim 64, three 64-row blocks per SM (128-key tiles, one at a time), for every problem that build takes
-  // (sees_keys_as_plain), in the plain build or the general one. On the H200 it took `bert_b8_s512` 23.1 -> 21.2 us
+  // (sees_keys_by_rule_only), in the plain build or the general one. On the H200 it took `bert_b8_s512` 23.1 -> 21.2 us
   // and Whisper's encoder 28.9 -> 27.4 (bench/results/2026-12-01-h200-cuda-three-seq.md), and, since its tiles are
   // 128 keys run one at a time, one-round grids gain too: `bert_b1_s512` 7.74 -> 7.53, `fa3_h64_s4k` (4,096 keys,
   // the general build) 1,516 -> 1,414 (bench/results/2026-12-01-h200-cuda-three-all.md). With 64-key tiles those
   // had lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
-                      plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_as_plain(p) &&
+                      plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_by_rule_only(p) &&
                       !o.is_off("three");
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
