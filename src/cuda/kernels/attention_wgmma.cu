@@ -829,7 +829,10 @@ void launch_typed(const KernelParams& p, const WarpgroupMaps& maps, std::int64_t
     if (p.k_type == KvType::Int8) return launch_stored<T, D, std::int8_t>(p, maps, blocks, stream, overlap);
     if (p.k_type == KvType::Int4) return launch_stored<T, D, Int4Tag>(p, maps, blocks, stream, overlap);
     if constexpr (D == 64) {
-      if (p.three_per_sm && sees_keys_by_rule_only(p)) {
+      // (With the GQA op's Q rotary only where every row sees every key: its causal prefill has not run in this
+      // build on a GPU yet, and runs two per SM.)
+      const bool rotary_ok = p.rotary.cos == nullptr || sees_keys_as_plain(p);
+      if (p.three_per_sm && sees_keys_by_rule_only(p) && rotary_ok) {
         // A persistent grid needs Q by TMA (its producer loads the next unit's) and one key range for every unit.
         const bool persistent = maps.q_by_tma != 0 && !p.kv_copies && blocks > p.persistent_places &&
                                 p.persistent_places > 0 && p.tail_pieces <= 1 && !p.cluster_merge && p.k_len > 0;
