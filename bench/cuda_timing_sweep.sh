@@ -2,7 +2,8 @@
 # Times a list of shapes under several plan overrides with the bundle's attnkit_cuda_timing (graph replay,
 # median), one line per (shape, plan): the kernel-only A/B behind a plan heuristic, without Python or peers.
 # With a second timing binary (another build), each (shape, plan) runs on both in turn, A then B, in the same
-# device run: an A/B of two builds.
+# device run: an A/B of two builds. A timing binary of a bundle links that bundle's shared library: each runs with
+# the lib/ folder beside it first on the library path (copy a B bundle whole, binary and lib/, to its own folder).
 #   usage: bench/cuda_timing_sweep.sh SPEC_FILE [timing-binary [timing-binary-B]]
 #   SPEC_FILE lines: label | shape:... or pshape:... | dtype | plan;plan;...   ("" in the plan list: the plan's own)
 set -uo pipefail
@@ -14,7 +15,7 @@ bin_b=${3:-}
 # The graph-replay microseconds and the plan's description of one run of a timing binary.
 time_one() {
   local line
-  line=$(timeout 60 "$1" "$2" "$3" "$4" 2>&1 | tail -1)
+  line=$(LD_LIBRARY_PATH="$(cd "$(dirname "$1")" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 60 "$1" "$2" "$3" "$4" 2>&1 | tail -1)
   # (columns: case, dtype, eager us, graph us, TFLOP/s, GB/s, then the plan's description)
   echo "$(echo "$line" | awk '{print $4}')|$(echo "$line" | sed -E 's/^([^ ]+ +){6}//' | cut -c1-150)"
 }
