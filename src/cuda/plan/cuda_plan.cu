@@ -392,9 +392,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // 128 keys run one at a time, one-round grids gain too: `bert_b1_s512` 7.74 -> 7.53, `fa3_h64_s4k` (4,096 keys,
   // the general build) 1,516 -> 1,414 (bench/results/2026-12-01-h200-cuda-three-all.md). With 64-key tiles those
   // had lost (bench/results/2026-11-30-h200-cuda-paired-blocks.md).
+  // Under a rule (causal, a window, key lengths) only prefill-sized rows take it (1.13-1.36x on causal prefill at
+  // head dims 16-64, bench/results/2026-12-05-h100-three-per-sm-rules.md); a decode step's few rows per K/V head
+  // (`streams`) keep the choice they had, where only rows that see every key took it: under rules its one-tile-at-
+  // a-time blocks were never timed against two per SM.
+  const bool rule_keys_ok = !streams || (rule_hides_no_key(p) && !p.has_key_lengths);
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
                       plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_by_rule_only(p) &&
-                      !o.is_off("three");
+                      rule_keys_ok && !o.is_off("three");
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends
