@@ -219,7 +219,8 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
 
 // Head dim 64: every problem whose rows see their key ranges alone (no mask, no softcap) with the scale in the
 // exponent runs three blocks per SM (128-key tiles, one at a time), in the plain build or the general one (causal
-// rules, windows, key lengths; a decode step's few rows only without them), however many rounds its grid is; a
+// rules, windows, key lengths; a decode step's few rows only without them, in a grid of at most one block per
+// SM), however many rounds its grid is; a
 // mask, a softcap, a split and off=three keep two.
 TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
@@ -243,12 +244,16 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   window.causal = true;
   window.window = 512;
   EXPECT_TRUE(plan_of(core::normalize_and_check(window)).three_per_sm) << "a sliding window";
-  // A decode step (few rows per K/V head) takes it only where every row sees every key, as before rules were
-  // taken: not with key lengths.
-  EXPECT_TRUE(plan_of(shape(32, 32, 8, 1, 8192, 64, false)).three_per_sm) << "decode, every key";
-  AttentionProblem decode_lengths = AttentionProblem::head_first(32, 32, 8, 1, 8192, 64, DType::bf16);
+  // A decode step (few rows per K/V head) takes it only where every row sees every key and its grid is at most
+  // one block per SM: a wider one runs two per SM (three loaded some SMs with three blocks and left others idle).
+  EXPECT_TRUE(plan_with(shape(16, 32, 8, 1, 8192, 64, false), "splits=1").three_per_sm) << "decode, 128 blocks";
+  const CudaPlan wide_decode = plan_of(shape(32, 32, 8, 1, 8192, 64, false));
+  EXPECT_EQ(wide_decode.splits, 1);
+  EXPECT_FALSE(wide_decode.three_per_sm) << "decode, 256 blocks";
+  EXPECT_FALSE(plan_of(shape(128, 32, 8, 1, 1024, 64, false)).three_per_sm) << "decode, 1024 blocks";
+  AttentionProblem decode_lengths = AttentionProblem::head_first(16, 32, 8, 1, 8192, 64, DType::bf16);
   decode_lengths.has_key_lengths = true;
-  EXPECT_FALSE(plan_of(core::normalize_and_check(decode_lengths)).three_per_sm) << "decode, key lengths";
+  EXPECT_FALSE(plan_with(core::normalize_and_check(decode_lengths), "splits=1").three_per_sm) << "decode, key lengths";
   AttentionProblem capped = AttentionProblem::head_first(8, 12, 12, 512, 512, 64, DType::f16);
   capped.softcap = 30.0f;
   EXPECT_FALSE(plan_of(core::normalize_and_check(capped)).three_per_sm) << "softcap";

@@ -396,10 +396,14 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // head dims 16-64, bench/results/2026-12-05-h100-three-per-sm-rules.md); a decode step's few rows per K/V head
   // (`streams`) keep the choice they had, where only rows that see every key took it: under rules its one-tile-at-
   // a-time blocks were never timed against two per SM.
-  const bool rule_keys_ok = !streams || (rule_hides_no_key(p) && !p.has_key_lengths);
+  // A decode step's grid of more blocks than SMs runs two per SM: at three per SM, batch 32 x 8 K/V heads over 8k
+  // keys (256 blocks) took 206 us on the H100 against 179 at two per SM, and four more such grids 1.02-1.15x
+  // (bench/results/2026-12-05-h100-decode-d64.md).
+  const bool stream_takes_three =
+      !streams || (rule_hides_no_key(p) && !p.has_key_lengths && base_blocks * plan.splits <= sms);
   plan.three_per_sm = warpgroup && plan.row_block == kRowBlock && device.warpgroup_three_resident >= 3 &&
                       plan.splits == 1 && p.k_storage.type == KvType::Float && sees_keys_by_rule_only(p) &&
-                      rule_keys_ok && !o.is_off("three");
+                      stream_takes_three && !o.is_off("three");
   // The split tail. On the H200 Whisper's encoder is 144 row blocks of 12 tiles on 132 SMs: a wave of 132, then
   // 12 SMs running a second while 120 idle (Nsight Compute: SMs active 49% of the kernel's cycles). Split in
   // ranges of kTailPieceTiles tiles, the last 12 row blocks become 72 blocks that start as the first wave ends
