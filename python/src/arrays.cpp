@@ -60,6 +60,24 @@ nb::object numpy_if_loaded() {
   return nb::steal(np);
 }
 
+// ml_dtypes' bfloat16 scalar type once ml_dtypes is imported (a NumPy bfloat16 array comes from it), else null.
+// Kept for the process (a module is never unloaded): comparing a dtype's `type` with it costs a C getter, where
+// its `name` is Python code in NumPy (~0.5 us a call, for each array of every call).
+PyObject* ml_dtypes_bfloat16_type() {
+  static PyObject* type = nullptr;
+  if (type == nullptr) {
+    PyObject* module = PyImport_GetModule(nb::str("ml_dtypes").ptr());
+    if (module == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    type = PyObject_GetAttrString(module, "bfloat16");
+    Py_DECREF(module);
+    if (type == nullptr) PyErr_Clear();
+  }
+  return type;
+}
+
 // ml_dtypes.bfloat16 NumPy arrays can leave NumPy neither through DLPack nor the buffer protocol; a uint16
 // view of the same memory can, and is read as bfloat16.
 bool is_numpy_bfloat16(nb::handle obj, nb::object& numpy) {
@@ -71,12 +89,13 @@ bool is_numpy_bfloat16(nb::handle obj, nb::object& numpy) {
     return false;
   }
   nb::object dtype = obj.attr("dtype");
-  // The item size and kind first: they are C getters, while `name` is Python code in NumPy (~1 us a call, for
-  // each of a GQA call's dozen arrays). ml_dtypes' bfloat16 is a 2-byte type of kind 'V'.
+  // The item size and kind first (C getters; ml_dtypes' bfloat16 is a 2-byte type of kind 'V'), then the type.
   if (nb::cast<std::int64_t>(dtype.attr("itemsize")) != 2) return false;
   const std::string kind = nb::cast<std::string>(dtype.attr("kind"));
   if (kind == "f" || kind == "i" || kind == "u" || kind == "b") return false;
-  return nb::cast<std::string>(nb::str(dtype.attr("name"))) == "bfloat16";
+  PyObject* bfloat16 = ml_dtypes_bfloat16_type();
+  if (bfloat16 != nullptr && dtype.attr("type").ptr() == bfloat16) return true;
+  return nb::cast<std::string>(nb::str(dtype.attr("name"))) == "bfloat16";  // (another package's bfloat16)
 }
 
 Element classify(dl::dtype t) {
