@@ -2,9 +2,10 @@
 """What a NumPy bfloat16 (ml_dtypes) call costs over the same call in float16, through attnkit.attention.
 
 The op's work is the same in both dtypes (Whisper's decoder step: 12 heads, 448 keys, head dim 64, causal), so the
-difference is the binding's import of ml_dtypes arrays (which reach it through a uint16 view). One thread, so that
-no thread team's wake-up enters the times; the dtypes take turns in blocks of calls and the median of the blocks'
-differences is printed.
+difference is the binding's import of ml_dtypes arrays (which reach it through a uint16 view) and the kernels' own
+dtype paths. One thread, so that no thread team's wake-up enters the times; the dtypes take turns in blocks of calls
+and the median of the blocks' differences is printed. Then the binding's part alone: a call whose output shape is
+wrong, refused after the four arrays are imported (mean of many calls, each dtype twice).
 
     .venv/bin/python bench/numpy_bfloat16_overhead.py [--rounds 30] [--calls 300]
 """
@@ -12,6 +13,7 @@ differences is printed.
 import argparse
 import statistics
 import time
+import timeit
 
 import ml_dtypes
 import numpy as np
@@ -36,6 +38,22 @@ def block_median_us(call, calls):
     return statistics.median(times) * 1e6
 
 
+def refused_call(dtype):
+    """A call refused after the binding imported its arrays (v's head dim differs from out's)."""
+    q = np.zeros((1, 12, 1, 64), dtype)
+    k = np.zeros((1, 12, 448, 64), dtype)
+    v = np.zeros((1, 12, 448, 32), dtype)
+    out = np.empty((1, 12, 1, 64), dtype)
+
+    def call():
+        try:
+            attnkit.attention(q, k, v, out=out, threads=1)
+        except ValueError:
+            pass
+
+    return call
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -52,6 +70,10 @@ def main():
     difference = statistics.median(b - a for a, b in zip(medians["float16"], medians["bfloat16"]))
     print("float16 %.1f us, bfloat16 %.1f us (best block medians); bfloat16 - float16: %.2f us (median of %d rounds)"
           % (min(medians["float16"]), min(medians["bfloat16"]), difference, args.rounds))
+    calls = 20000
+    for dtype in (np.float16, ml_dtypes.bfloat16) * 2:
+        seconds = timeit.timeit(refused_call(dtype), number=calls)
+        print("refused after the imports, %s: %.2f us a call" % (np.dtype(dtype).name, seconds / calls * 1e6))
 
 
 if __name__ == "__main__":
