@@ -371,46 +371,70 @@ class TileSteps {
   }
   std::int64_t end() const { return rs_.union_end; }
 
-  void step(std::int64_t t0) const {
-    const std::int64_t dim = p_.head_dim, dv = p_.v_head_dim;
-    const std::int64_t k0 = std::max(t0, rs_.union_begin);
-    const std::int64_t n = std::min(t0 + kKeyTile, rs_.union_end) - k0;
-    const core::SequenceAccess& seqs = *job_.seqs;
+  // One tile's K/V rows (in place, or copied into the workspace) and what its scores ask the caches for.
+  struct TileRows {
+    std::int64_t k0 = 0;
+    std::int64_t n = 0;
     const T* krows[kKeyTile];
     const T* vrows[kKeyTile];
+    const T* next_krows[kKeyTile];
+    const T* next_vrows[kKeyTile];
+    RowPrefetch pf;
+  };
+
+  void step(std::int64_t t0) const {
+    TileRows t;
+    begin_tile(t0, t);
+    score_keys(t, 0, t.n, t.pf);
+    finish_tile(t);
+  }
+
+  // Whether the tile's parts may interleave with other heads' (rows read in place: nothing in the shared workspace).
+  bool reads_in_place() const { return !gathered_; }
+
+  void begin_tile(std::int64_t t0, TileRows& t) const {
+    const std::int64_t dim = p_.head_dim, dv = p_.v_head_dim;
+    t.k0 = std::max(t0, rs_.union_begin);
+    t.n = std::min(t0 + kKeyTile, rs_.union_end) - t.k0;
+    const core::SequenceAccess& seqs = *job_.seqs;
     if constexpr (std::is_same_v<T, float>) {
       if (gathered_) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          widen_kv_row(a_.k.data, seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, k0 + j), p_.k_storage, p_.dtype,
-                       dim, k_scales_, w_.kbuf + j * dim);
-          widen_kv_row(a_.v.data, seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, k0 + j), p_.v_storage, p_.dtype,
-                       dv, v_scales_, w_.vbuf + j * dv);
-          krows[j] = w_.kbuf + j * dim;
-          vrows[j] = w_.vbuf + j * dv;
+        for (std::int64_t j = 0; j < t.n; ++j) {
+          widen_kv_row(a_.k.data, seqs.key_index(p_.k, job_.seq, job_.b, job_.kvh, t.k0 + j), p_.k_storage,
+                       p_.dtype, dim, k_scales_, w_.kbuf + j * dim);
+          widen_kv_row(a_.v.data, seqs.key_index(p_.v, job_.seq, job_.b, job_.kvh, t.k0 + j), p_.v_storage,
+                       p_.dtype, dv, v_scales_, w_.vbuf + j * dv);
+          t.krows[j] = w_.kbuf + j * dim;
+          t.vrows[j] = w_.vbuf + j * dv;
         }
       }
     }
-    RowPrefetch pf;
-    const T* next_krows[kKeyTile];
-    const T* next_vrows[kKeyTile];
     if (!gathered_) {
-      in_place_rows(k0, n, krows, vrows);
-      if (job_.prefetch_v) pf_list(pf, 0, vrows, n, dv);
+      in_place_rows(t.k0, t.n, t.krows, t.vrows);
+      if (job_.prefetch_v) pf_list(t.pf, 0, t.vrows, t.n, dv);
       const std::int64_t next_n = std::min(t0 + 2 * kKeyTile, rs_.union_end) - (t0 + kKeyTile);
       if (job_.prefetch_ahead && next_n > 0) {
-        in_place_rows(t0 + kKeyTile, next_n, next_krows, next_vrows);
-        pf_list(pf, 1, next_krows, next_n, dim);
+        in_place_rows(t0 + kKeyTile, next_n, t.next_krows, t.next_vrows);
+        pf_list(t.pf, 1, t.next_krows, next_n, dim);
       }
     }
+  }
+
+  // The scores of the tile's keys [j, j + count), asking for pf's rows along the way.
+  void score_keys(const TileRows& t, std::int64_t j, std::int64_t count, const RowPrefetch& pf) const {
     if (bf16_dot_) {
-      score_tile_bf16_dpbf16(q_bf16_, R, dim, reinterpret_cast<const std::uint16_t* const*>(krows), n, pf, w_.st,
-                             kKeyTile);
+      score_tile_bf16_dpbf16(q_bf16_, R, p_.head_dim, reinterpret_cast<const std::uint16_t* const*>(t.krows + j),
+                             count, pf, w_.st + j, kKeyTile);
     } else {
-      score_tile<R>(w_.qrows, dim, krows, n, pf, w_.st);
+      score_tile<R>(w_.qrows, p_.head_dim, t.krows + j, count, pf, w_.st + j);
     }
+  }
+
+  // The tile's softmax and P V, after its scores.
+  void finish_tile(const TileRows& t) const {
     bool zero_weights = false;
-    for (int r = 0; r < R; ++r) zero_weights |= softmax_row(job_, rs_, r, k0, n, w_.st + r * kKeyTile);
-    value_tile<R>(w_.st, n, vrows, dv, w_.alpha, zero_weights, w_.orows);
+    for (int r = 0; r < R; ++r) zero_weights |= softmax_row(job_, rs_, r, t.k0, t.n, w_.st + r * kKeyTile);
+    value_tile<R>(w_.st, t.n, t.vrows, p_.v_head_dim, w_.alpha, zero_weights, w_.orows);
   }
 
  private:
@@ -455,6 +479,32 @@ void run_rows(const ItemJob& job, const RowsSetup& rs) {
   for (std::int64_t t0 = steps.first_tile(); t0 < steps.end(); t0 += kKeyTile) steps.step(t0);
 }
 
+// One tile of a wide item's heads, rows read in place: the scores of every head a group of keys at a time, so that
+// a key's K row is read across its heads at once (interleaved heads' rows are contiguous: in address order), then
+// each head's softmax and P V. A head's keys fall in the same groups as in a step of its own: the same bits.
+template <int R, class T>
+void interleaved_tile(const std::optional<TileSteps<R, T>>* steps, const int* active, int count, std::int64_t t0) {
+  typename TileSteps<R, T>::TileRows tiles[kMaxKvHeadsPerItem];
+  std::int64_t longest = 0;
+  for (int i = 0; i < count; ++i) {
+    steps[active[i]]->begin_tile(t0, tiles[i]);
+    longest = std::max(longest, tiles[i].n);
+  }
+  const RowPrefetch none;
+  for (std::int64_t j = 0; j < longest; j += kKeysPerGroup) {
+    for (int i = 0; i < count; ++i) {
+      const std::int64_t keys = std::min<std::int64_t>(kKeysPerGroup, tiles[i].n - j);
+      if (keys <= 0) continue;
+      prefetch_keys(tiles[i].pf, j, j + keys);
+      steps[active[i]]->score_keys(tiles[i], j, keys, none);
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    prefetch_rest(tiles[i].pf, tiles[i].n);
+    steps[active[i]]->finish_tile(tiles[i]);
+  }
+}
+
 // An item over several K/V heads of one batch entry (the plan's kv_heads_per_item): the heads take turns tile by
 // tile, so that rows of interleaved heads (a positions-first cache, NHD pages) are read whole, once. Each head's
 // rows go through exactly the steps of an item of its own: the same bits.
@@ -470,8 +520,19 @@ void run_rows_wide(const ItemJob* jobs, const RowsSetup* rs, int heads) {
     }
   }
   for (std::int64_t t0 = first; t0 < last; t0 += kKeyTile) {
+    int active[kMaxKvHeadsPerItem];
+    int count = 0;
+    bool in_place = true;
     for (int h = 0; h < heads; ++h) {
-      if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) steps[h]->step(t0);
+      if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) {
+        active[count++] = h;
+        in_place = in_place && steps[h]->reads_in_place();
+      }
+    }
+    if (in_place) {
+      interleaved_tile<R, T>(steps, active, count, t0);
+    } else {  // (rows copied into the one workspace buffer: each head's whole step in turn)
+      for (int i = 0; i < count; ++i) steps[active[i]]->step(t0);
     }
   }
 }
@@ -515,6 +576,7 @@ Workspace head_view(const Workspace& w, int h, std::int64_t head_dim, std::int64
   v.sum = w.sum + lane;
   v.poison = w.poison + lane;
   v.alpha = w.alpha + lane;
+  v.st = w.st + lane * kKeyTile;  // (its rows' scores: the heads' scores of a tile are all held at once)
   v.ot = w.ot + lane;  // (element d * kRowBlock + r of the view: lane `lane + r` of column d)
   v.orows = w.orows + lane * v_head_dim;
   return v;
