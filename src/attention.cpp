@@ -164,10 +164,6 @@ Attention::Attention(const AttentionProblem& problem, const AttentionConfig& con
     case Backend::Cuda: impl_->backend = Backend::Cuda; break;
     case Backend::Vulkan: impl_->backend = Backend::Vulkan; break;
   }
-  if (impl_->problem.sequences.any() && impl_->backend == Backend::Vulkan) {
-    throw Error("sequences", "ragged and paged batches run on the CPU, CUDA and Reference backends; the " +
-                                 backend_name(impl_->backend) + " backend does not support them yet");
-  }
   if (impl_->backend == Backend::Cpu) {
     const int threads = config.threads > 0 ? config.threads : omp_get_max_threads();
     impl_->plan = cpu::plan_tiled(impl_->problem, threads, config.plan);

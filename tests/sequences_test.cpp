@@ -279,7 +279,6 @@ TEST(Sequences, BadProblemsAreRejectedByName) {
   p = ragged;
   p.sequences.ragged_q = false;  // total_q set without ragged queries
   rejected(p, "sequences.total_q");
-  rejected(paged, "sequences", Backend::Vulkan);
 }
 
 }  // namespace

@@ -97,7 +97,10 @@ struct DeviceArgs {
 // overlapping no other tensor) and throws attnkit::Error naming the argument before anything is recorded or
 // written. Values in device memory cannot be checked: a key length outside [0, k_len] hides every key of its batch
 // entry (its rows are masked rows), as on the CUDA backend (docs/numerics.md); per-batch causal offsets are
-// clamped to [-(q_len + 1), k_len], which leaves every row's visible keys as they were.
+// clamped to [-(q_len + 1), k_len], which leaves every row's visible keys as they were. Ragged and paged batches
+// (problem.sequences) are refused by name ("sequences"): their cu_seqlens and block tables decide which rows are
+// read and written, and values in device memory cannot be checked before the call (Attention with
+// Backend::Vulkan runs them on host buffers, checked as on the CPU).
 class Session;  // (the backend's planned problem)
 class DeviceAttention {
  public:

@@ -199,19 +199,6 @@ void check_sizes(const AttentionProblem& p) {
               str(p.k_len) + rule);
 }
 
-// Rows each tensor holds per leading index: Q / O / lse are [batch, q_len] rows, or [1, total_q] when ragged; K / V
-// [batch, k_len], [1, total_k] when ragged, [num_pages, page_size] when paged.
-struct Extent {
-  std::int64_t leading, rows;
-};
-Extent query_extent(const AttentionProblem& p) {
-  return p.sequences.ragged_q ? Extent{1, p.sequences.total_q} : Extent{p.batch, p.q_len};
-}
-Extent key_extent(const AttentionProblem& p) {
-  const SequenceLayout& s = p.sequences;
-  return s.paged() ? Extent{s.num_pages, s.page_size} : s.ragged_k ? Extent{1, s.total_k} : Extent{p.batch, p.k_len};
-}
-
 // The rules of ragged and paged sequences (problem.sequences) and of the options they change.
 void check_sequences(const AttentionProblem& in, const AttentionProblem& p) {
   const SequenceLayout& s = p.sequences;

@@ -14,6 +14,20 @@ namespace attnkit::core {
 // option rule. Throws Error naming the field and the rule.
 AttentionProblem normalize_and_check(const AttentionProblem& problem);
 
+// Rows each tensor holds per leading index: Q / O / lse are [batch, q_len] rows, or [1, total_q] when ragged; K / V
+// [batch, k_len], [1, total_k] when ragged, [num_pages, page_size] when paged. (The spans the checks and the
+// device backends' buffers cover.)
+struct Extent {
+  std::int64_t leading, rows;
+};
+inline Extent query_extent(const AttentionProblem& p) {
+  return p.sequences.ragged_q ? Extent{1, p.sequences.total_q} : Extent{p.batch, p.q_len};
+}
+inline Extent key_extent(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  return s.paged() ? Extent{s.num_pages, s.page_size} : s.ragged_k ? Extent{1, s.total_k} : Extent{p.batch, p.k_len};
+}
+
 // Checks a run's buffers against a normalised problem: null pointers, extents, output/input overlap,
 // key-length, cu_seqlens and block-table values (when `host_key_lengths`: a device backend checks them on the
 // device), scratch size.

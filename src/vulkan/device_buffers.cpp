@@ -12,7 +12,9 @@
 namespace attnkit::vulkan {
 namespace {
 
+// The caller's buffer of a binding; none for the sequence arrays (DeviceAttention refuses sequences).
 const DeviceBuffer& device_buffer(const DeviceArgs& a, std::uint32_t binding) {
+  static const DeviceBuffer kNone{};
   switch (binding) {
     case kQ: return a.q;
     case kK: return a.k;
@@ -22,7 +24,8 @@ const DeviceBuffer& device_buffer(const DeviceArgs& a, std::uint32_t binding) {
     case kKeyLengths: return a.key_lengths;
     case kCausalOffsets: return a.causal_offsets;
     case kHeadSink: return a.head_sink;
-    default: return a.lse;
+    case kLse: return a.lse;
+    default: return kNone;
   }
 }
 
@@ -144,7 +147,11 @@ NativeHandles native_handles() {
 
 DeviceAttention::DeviceAttention(const AttentionProblem& problem, const PlanOverrides& plan) {
   const AttentionProblem p = core::normalize_and_check(problem);
-  ATTNKIT_REQUIRE(!p.sequences.any(), "sequences", "ragged and paged batches do not run on the Vulkan backend yet");
+  // The cu_seqlens and block-table values decide which rows are read and written; in device memory the host
+  // cannot check them before the call (docs/vulkan.md), so ragged and paged batches take host buffers only.
+  ATTNKIT_REQUIRE(!p.sequences.any(), "sequences",
+                  "ragged and paged batches run on host buffers only on the Vulkan backend (Attention with "
+                  "Backend::Vulkan): their cu_seqlens and block-table values cannot be checked in device memory");
   PlanOverride force;
   force.kernel = plan.kernel;
   force.key_splits = plan.splits;

@@ -19,8 +19,12 @@
 
 namespace attnkit::vulkan {
 
-// Bindings of common.glsl.
-enum Binding : std::uint32_t { kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kPartials, kThreadScratch };
+// Bindings of common.glsl: the call's buffers (kQ up to kPartials: uploaded from, or bound to, the caller's), then the
+// session's own.
+enum Binding : std::uint32_t {
+  kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kCuSeqlensQ, kCuSeqlensK, kBlockTable,
+  kPartials, kThreadScratch
+};
 
 // One tensor's region: the element span its layout reaches, moved (host buffers) or bound (device buffers) as bytes.
 struct Region {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 namespace attnkit::vulkan {
@@ -85,11 +86,14 @@ Session::~Session() {
   for (VkDescriptorPool pool : pools_) vkDestroyDescriptorPool(d, pool, nullptr);
 }
 
+// Q, O and the LSE hold [leading, rows] rows per head ([1, total_q] when ragged), K and V [num_pages, page_size]
+// when paged, [1, total_k] when ragged (core::query_extent / key_extent): the spans that are uploaded or bound.
 void Session::make_regions() {
   const std::size_t es = dtype_size(p_.dtype);
-  auto tensor = [&](std::uint32_t binding, const char* name, const Layout& l, std::int64_t heads, std::int64_t rows,
+  const core::Extent qe = core::query_extent(p_), ke = core::key_extent(p_);
+  auto tensor = [&](std::uint32_t binding, const char* name, const Layout& l, core::Extent e, std::int64_t heads,
                     std::int64_t cols, std::size_t size, bool output) {
-    const core::IndexSpan s = core::index_span(l, p_.batch, heads, rows, cols);
+    const core::IndexSpan s = core::index_span(l, e.leading, heads, e.rows, cols);
     Region& r = regions_[binding];
     r.name = name;
     r.element_size = size;
@@ -105,20 +109,31 @@ void Session::make_regions() {
   auto flat = [&](std::uint32_t binding, const char* name, bool present, std::int64_t count) {
     Region& r = regions_[binding];
     r.name = name;
+    ATTNKIT_REQUIRE(!present || static_cast<std::uint64_t>(count) <= ctx_.limits().maxStorageBufferRange / 4, name,
+                    "exceeds the device's largest storage buffer (" +
+                        std::to_string(ctx_.limits().maxStorageBufferRange) + " bytes)");
     r.bytes = present ? static_cast<std::uint64_t>(count) * 4 : 0;
   };
   // Every binding's name, for the device-buffer checks' messages (a tensor the problem has not keeps 0 bytes).
-  const char* names[] = {"", "q", "k", "v", "o", "mask", "key_lengths", "causal_offsets", "head_sink", "lse"};
+  const char* names[] = {"", "q", "k", "v", "o", "mask", "key_lengths", "causal_offsets", "head_sink", "lse",
+                         "cu_seqlens_q", "cu_seqlens_k", "block_table"};
+  static_assert(std::size(names) == kPartials);
   for (std::uint32_t b = kQ; b < kPartials; ++b) regions_[b].name = names[b];
-  tensor(kQ, "q", p_.q, p_.heads, p_.q_len, p_.head_dim, es, false);
-  tensor(kK, "k", p_.k, p_.kv_heads, p_.k_len, p_.head_dim, es, false);
-  tensor(kV, "v", p_.v, p_.kv_heads, p_.k_len, p_.v_head_dim, es, false);
-  tensor(kO, "o", p_.o, p_.heads, p_.q_len, p_.v_head_dim, es, true);
-  if (p_.has_mask) tensor(kMask, "mask", p_.mask, p_.heads, p_.q_len, p_.k_len, dtype_size(p_.mask_dtype), false);
-  if (p_.return_lse) tensor(kLse, "lse", p_.lse, p_.heads, p_.q_len, 1, 4, true);
+  tensor(kQ, "q", p_.q, qe, p_.heads, p_.head_dim, es, false);
+  tensor(kK, "k", p_.k, ke, p_.kv_heads, p_.head_dim, es, false);
+  tensor(kV, "v", p_.v, ke, p_.kv_heads, p_.v_head_dim, es, false);
+  tensor(kO, "o", p_.o, qe, p_.heads, p_.v_head_dim, es, true);
+  if (p_.has_mask) {
+    tensor(kMask, "mask", p_.mask, {p_.batch, p_.q_len}, p_.heads, p_.k_len, dtype_size(p_.mask_dtype), false);
+  }
+  if (p_.return_lse) tensor(kLse, "lse", p_.lse, qe, p_.heads, 1, 4, true);
   flat(kKeyLengths, "key_lengths", p_.has_key_lengths, p_.batch);
   flat(kCausalOffsets, "causal_offsets", p_.has_causal_offsets, p_.batch);
   flat(kHeadSink, "head_sink", p_.has_head_sink, p_.heads);
+  const SequenceLayout& seq = p_.sequences;
+  flat(kCuSeqlensQ, "cu_seqlens_q", seq.ragged_q, p_.batch + 1);
+  flat(kCuSeqlensK, "cu_seqlens_k", seq.ragged_k, p_.batch + 1);
+  flat(kBlockTable, "block_table", seq.paged() && p_.batch > 0, p_.batch * seq.max_pages_per_seq);
 }
 
 ShaderParams Session::make_params() const {
@@ -147,12 +162,19 @@ ShaderParams Session::make_params() const {
   s.has_mask = p_.has_mask ? 1u : 0u;
   s.total_rows = u32(plan_.total_rows);
   s.workgroups = u32(plan_.workgroups);
-  s.q = shader_layout(p_.q, regions_[kQ].lowest, p_.batch, p_.heads, p_.q_len, "q");
-  s.k = shader_layout(p_.k, regions_[kK].lowest, p_.batch, p_.kv_heads, p_.k_len, "k");
-  s.v = shader_layout(p_.v, regions_[kV].lowest, p_.batch, p_.kv_heads, p_.k_len, "v");
-  s.o = shader_layout(p_.o, regions_[kO].lowest, p_.batch, p_.heads, p_.q_len, "o");
+  const SequenceLayout& seq = p_.sequences;
+  s.ragged_q = seq.ragged_q ? 1u : 0u;
+  s.ragged_k = seq.ragged_k ? 1u : 0u;
+  s.page_size = u32(seq.page_size);
+  s.max_pages_per_seq = u32(seq.max_pages_per_seq);
+  s.per_sequence_causal = seq.any() ? 1u : 0u;  // bottom-right per sequence (core::SequenceAccess)
+  const core::Extent qe = core::query_extent(p_), ke = core::key_extent(p_);
+  s.q = shader_layout(p_.q, regions_[kQ].lowest, qe.leading, p_.heads, qe.rows, "q");
+  s.k = shader_layout(p_.k, regions_[kK].lowest, ke.leading, p_.kv_heads, ke.rows, "k");
+  s.v = shader_layout(p_.v, regions_[kV].lowest, ke.leading, p_.kv_heads, ke.rows, "v");
+  s.o = shader_layout(p_.o, regions_[kO].lowest, qe.leading, p_.heads, qe.rows, "o");
   if (p_.has_mask) s.mask = shader_layout(p_.mask, regions_[kMask].lowest, p_.batch, p_.heads, p_.q_len, "mask");
-  if (p_.return_lse) s.lse = shader_layout(p_.lse, regions_[kLse].lowest, p_.batch, p_.heads, p_.q_len, "lse");
+  if (p_.return_lse) s.lse = shader_layout(p_.lse, regions_[kLse].lowest, qe.leading, p_.heads, qe.rows, "lse");
   return s;
 }
 
@@ -327,6 +349,9 @@ const void* Session::host_source(const AttentionArgs& a, std::uint32_t binding) 
     case kCausalOffsets: return a.causal_offsets.data;
     case kHeadSink: return a.head_sink.data;
     case kLse: return a.lse.data;
+    case kCuSeqlensQ: return a.cu_seqlens_q.data;
+    case kCuSeqlensK: return a.cu_seqlens_k.data;
+    case kBlockTable: return a.block_table.data;
     default: return nullptr;
   }
 }

@@ -18,10 +18,11 @@ struct ShaderParams {
   std::uint32_t has_key_lengths;
   float scale, softcap;
   std::uint32_t has_sink, masked_zero, has_lse, has_mask;
-  std::uint32_t total_rows, workgroups, pad0, pad1;
+  std::uint32_t total_rows, workgroups, ragged_q, ragged_k;
+  std::uint32_t page_size, max_pages_per_seq, per_sequence_causal, pad0;
   ShaderLayout q, k, v, o, mask, lse;
 };
-static_assert(sizeof(ShaderParams) == 24 * 4 + 6 * 16);
+static_assert(sizeof(ShaderParams) == 28 * 4 + 6 * 16);
 
 // The specialization constants (constant_id 0..4 of common.glsl, then the kernel's own).
 struct SpecConstants {

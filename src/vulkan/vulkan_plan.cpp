@@ -60,6 +60,7 @@ int coop_tile_keys(const AttentionProblem& p, const VulkanTraits& device, bool e
 // it runs its emulated build (matrix steps as scalar loops: for tests, on lavapipe); with them it needs four
 // 32-lane subgroups per workgroup.
 std::string coop_refusal(const AttentionProblem& p, const VulkanTraits& device) {
+  if (p.sequences.any()) return "ragged and paged sequences run on the rows kernel only";
   if (p.dtype != DType::f16) return "it runs float16 only";
   if (p.head_dim > kCoopMaxHeadDim || p.v_head_dim > kCoopMaxHeadDim) return "head dims above 128";
   if (device.cooperative_matrix && device.subgroup_size != 32) return "its matrix steps are laid out for 32-lane subgroups";

@@ -4,6 +4,7 @@
 // written. Every test ends by asserting that the validation layers reported no error (vulkan_main.cpp turns
 // them on). Without a Vulkan device every test skips.
 #include "test_support.hpp"
+#include "vulkan_fixture.hpp"
 
 #include <attnkit/vulkan.hpp>
 #include <vulkan/vulkan_plan.hpp>
@@ -21,14 +22,6 @@ using testing::KeyLengths;
 using testing::LayoutKind;
 using testing::MaskKind;
 using testing::tolerance;
-
-bool have_vulkan() {
-  static const bool present = [] {
-    const auto b = available_backends();
-    return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
-  }();
-  return present;
-}
 
 AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
   AttentionConfig c;
@@ -51,19 +44,6 @@ std::vector<std::string> accepted_kernels(const AttentionProblem& problem) {
   }
   return out;
 }
-
-// Skips without a device; fails a test whose Vulkan calls drew any validation-layer error.
-class VulkanTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  }
-  void TearDown() override {
-    if (!have_vulkan()) return;
-    const auto errors = vulkan::validation_errors();
-    for (const auto& e : errors) ADD_FAILURE() << "validation layer: " << e;
-  }
-};
 
 double lse_bound(DType t) { return t == DType::f32 ? kLseTolerance : tolerance(t); }
 

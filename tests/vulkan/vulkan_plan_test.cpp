@@ -61,6 +61,32 @@ TEST(VulkanPlan, MatrixKernelWhereTheDeviceHasMatrices) {
   EXPECT_NE(describe(plan_for(problem(1, 1, 1, 1, 64, DType::f32), gpu(true))).find("float16 only"), std::string::npos);
 }
 
+// Ragged and paged batches run on rows only: on a device with matrices the plan takes rows for float16 and says
+// why; forcing coopmat is an Error naming config.plan.kernel.
+TEST(VulkanPlan, SequencesTakeTheRowsKernel) {
+  AttentionProblem ragged = AttentionProblem::head_first(3, 8, 8, 64, 200, 64, DType::f16);
+  ragged.sequences.ragged_q = true;
+  ragged.sequences.total_q = 150;
+  ragged.q = ragged.o = Layout{0, 0, 64, 8 * 64};
+  AttentionProblem paged = AttentionProblem::head_first(3, 8, 8, 1, 200, 64, DType::f16);
+  paged.sequences.page_size = 16;
+  paged.sequences.num_pages = 40;
+  paged.sequences.max_pages_per_seq = 13;
+  for (const AttentionProblem& p : {core::normalize_and_check(ragged), core::normalize_and_check(paged)}) {
+    const VulkanPlan plan = plan_for(p, gpu(true));
+    EXPECT_EQ(plan.kernel, VulkanPlan::Kernel::Rows);
+    EXPECT_NE(describe(plan).find("ragged and paged sequences run on the rows kernel only"), std::string::npos)
+        << describe(plan);
+    try {
+      (void)plan_for(p, gpu(true), {"coopmat", 0});
+      ADD_FAILURE() << "coopmat accepted a batch with sequences";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "config.plan.kernel") << e.what();
+    }
+    EXPECT_EQ(plan_for(p, gpu(true), {"rows", 3}).splits, 3);
+  }
+}
+
 TEST(VulkanPlan, SplitsFewWorkgroupsOnly) {
   const VulkanPlan decode = plan_for(problem(1, 12, 1, 1500, 64, DType::f32), gpu(false));
   EXPECT_GT(decode.splits, 1);

@@ -1,7 +1,7 @@
 #version 450
 // The scalar online-softmax kernel ("rows"): one thread owns one query row, a workgroup 64 rows of one K/V head
 // (the query heads of a group one after another), each row walking its visible keys in tiles of TK keys, reading
-// K and V straight from the buffers (the rows of a workgroup read the same K/V rows, which the caches serve).
+// K and V straight from the buffers (every row through common.glsl's query_at / key_at: dense, ragged or paged) (the rows of a workgroup read the same K/V rows, which the caches serve).
 // No shared memory and no barrier: lavapipe (Mesa 22.3) corrupted the thread-local arrays of this kernel across
 // a barrier inside the key loop once a row walked about 30 tiles, and without barriers it cannot. Needs nothing
 // of a device beyond 16-bit storage and 64-bit integers, so it runs everywhere.
@@ -24,14 +24,17 @@ void main() {
   const uint kvh = bk % P.kv_heads;
   const uint b = bk / P.kv_heads;
 
+  // Rows of the entry's longest possible query count (q_len): those past its own (ragged queries) have no row.
+  const SequenceRows seq = sequence_rows(b);
   const uint r = row_block * WG + t;
-  const bool has_row = r < P.group * P.q_len;
-  const uint i = has_row ? r % P.q_len : 0u;
-  const uint h = kvh * P.group + (has_row ? r / P.q_len : 0u);
+  const bool in_rows = r < P.group * P.q_len;
+  const uint i = in_rows ? r % P.q_len : 0u;
+  const uint h = kvh * P.group + (in_rows ? r / P.q_len : 0u);
+  const bool has_row = in_rows && int(i) < seq.queries;
 
   const int range_begin = int(split * P.split_keys);
   const int range_end = int(min(P.k_len, (split + 1u) * P.split_keys));
-  ivec2 keys = visible_keys(b, i);
+  ivec2 keys = visible_keys(seq, i);
   keys.x = max(keys.x, range_begin);
   keys.y = min(keys.y, range_end);
   const bool sees = has_row && keys.x < keys.y;
@@ -49,7 +52,7 @@ void main() {
 #define PART(d) thread_scratch[slot + uint(D + DV + (d))]
 #define PJ(j) thread_scratch[slot + uint(D + 2 * DV + (j))]
 #endif
-  UNROLL for (int d = 0; d < D; ++d) Q(d) = sees ? load_q(at(P.lq, b, h, i) + uint(d)) : 0.0;
+  UNROLL for (int d = 0; d < D; ++d) Q(d) = sees ? load_q(query_at(P.lq, seq, b, h, i) + uint(d)) : 0.0;
   UNROLL for (int d = 0; d < DV; ++d) ACC(d) = 0.0;
   float row_max = NEG_INF, row_sum = 0.0;
   bool poisoned = false;
@@ -59,7 +62,6 @@ void main() {
   // Tiles of TK keys from the range's start: the first one holding a visible key, up to the last.
   const int first_tile = sees ? range_begin + (keys.x - range_begin) / TK * TK : 0;
   const int end_tile = sees ? keys.y : 0;
-  const uint k_head = at(P.lk, b, kvh, 0u), v_head = at(P.lv, b, kvh, 0u);
   for (int tile = first_tile; tile < end_tile; tile += TK) {
     float tile_max = NEG_INF;
     for (int jj = 0; jj < TK; ++jj) {
@@ -67,7 +69,7 @@ void main() {
       float s = NEG_INF;
       if (j >= keys.x && j < keys.y) {
         float dot = 0.0;
-        const uint k_row = k_head + uint(j) * P.lk.row;
+        const uint k_row = key_at(P.lk, seq, b, kvh, uint(j));
         UNROLL for (int d = 0; d < D; ++d) dot += Q(d) * load_k(k_row + uint(d));
         s = transform(dot);
         if (P.has_mask != 0u) s += load_mask(mask_row + uint(j));
@@ -85,7 +87,7 @@ void main() {
       const float pj = PJ(jj) == NEG_INF || isnan(PJ(jj)) || PJ(jj) == POS_INF ? 0.0 : exp(PJ(jj) - base);
       tile_sum += pj;
       // p is 0 off the visible keys: read a visible row there (V is not inspected where it has no weight).
-      const uint v_row = v_head + uint(clamp(tile + jj, keys.x, keys.y - 1)) * P.lv.row;
+      const uint v_row = key_at(P.lv, seq, b, kvh, uint(clamp(tile + jj, keys.x, keys.y - 1)));
       UNROLL for (int d = 0; d < DV; ++d) PART(d) += pj * load_v(v_row + uint(d));
     }
     row_sum = row_sum * alpha + tile_sum;
@@ -104,7 +106,7 @@ void main() {
     return;
   }
   const vec2 fin = finish_row(row_max, row_sum, poisoned, h);
-  const uint out_at = at(P.lo, b, h, i);
+  const uint out_at = query_at(P.lo, seq, b, h, i);
   UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(ACC(d), fin.x));
-  if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
+  if (P.has_lse != 0u) lse_out[query_at(P.llse, seq, b, h, i)] = fin.y;
 }

@@ -32,7 +32,8 @@ layout(std140, set = 0, binding = 0) uniform Params {
   uint split_keys, causal, window, has_offsets;
   int causal_offset; uint has_key_lengths; float scale; float softcap;
   uint has_sink, masked_zero, has_lse, has_mask;
-  uint total_rows, workgroups, pad0, pad1;
+  uint total_rows, workgroups, ragged_q, ragged_k;
+  uint page_size, max_pages_per_seq, per_sequence_causal, pad0;
   TensorLayout lq, lk, lv, lo, lm, llse;
 } P;
 
@@ -52,12 +53,17 @@ layout(std430, set = 0, binding = 6) readonly buffer KeyLengths { int key_length
 layout(std430, set = 0, binding = 7) readonly buffer CausalOffsets { int causal_offsets[]; };
 layout(std430, set = 0, binding = 8) readonly buffer HeadSink { float head_sink[]; };
 layout(std430, set = 0, binding = 9) writeonly buffer Lse { float lse_out[]; };
+// Ragged and paged sequences (AttentionProblem::sequences), int32: read only through sequence_rows, query_at and
+// key_at below, which every shader uses to find a row.
+layout(std430, set = 0, binding = 10) readonly buffer CuSeqlensQ { int cu_seqlens_q[]; };
+layout(std430, set = 0, binding = 11) readonly buffer CuSeqlensK { int cu_seqlens_k[]; };
+layout(std430, set = 0, binding = 12) readonly buffer BlockTable { int block_table[]; };
 // Split-K partials: per (range, row) the max, the sum, a poison flag and the DV accumulators.
-layout(std430, set = 0, binding = 10) buffer Partials { float partials[]; };
+layout(std430, set = 0, binding = 13) buffer Partials { float partials[]; };
 // The loop build's per-thread arrays (q, accumulators, a tile's p) live here, one slot per thread of a launch:
 // llvmpipe lowers a dynamically indexed local array to chains of selects and took a minute to compile a 32-dim
 // kernel; buffer indexing compiles at once. The unrolled build keeps them in registers.
-layout(std430, set = 0, binding = 11) buffer ThreadScratch { float thread_scratch[]; };
+layout(std430, set = 0, binding = 14) buffer ThreadScratch { float thread_scratch[]; };
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define POS_INF uintBitsToFloat(0x7f800000u)
@@ -104,18 +110,62 @@ void store_o(uint i, float x) {
 
 uint at(TensorLayout l, uint b, uint h, uint r) { return l.offset + b * l.batch + h * l.head + r * l.row; }
 
-// core::VisibilityRule::for_row: the keys [begin, end) row `row` of batch entry b may see.
-ivec2 visible_keys(uint b, uint row) {
-  int64_t end = P.has_key_lengths != 0u ? int64_t(key_lengths[b]) : int64_t(P.k_len);
+// core::SequenceRows: one batch entry as the kernels see it (dense, ragged and paged batches alike).
+struct SequenceRows {
+  int queries;        // query rows of this entry
+  int first_query;    // packed row of its query 0 (ragged queries), else 0
+  int key_length;     // keys it has
+  int first_key;      // packed row of its key 0 (ragged keys), else 0
+  int causal_offset;  // its causal offset, clamped to [-(q_len + 1), k_len]
+};
+
+// core::SequenceAccess::rows_of. The host checked cu_seqlens and the block table before the upload (host buffers;
+// device buffers refuse sequences), so every length here lies within [0, q_len] / [0, k_len].
+SequenceRows sequence_rows(uint b) {
+  SequenceRows s;
+  s.queries = int(P.q_len);
+  s.first_query = 0;
+  if (P.ragged_q != 0u) {
+    s.first_query = cu_seqlens_q[b];
+    s.queries = cu_seqlens_q[b + 1u] - s.first_query;
+  }
+  s.key_length = P.has_key_lengths != 0u ? key_lengths[b] : int(P.k_len);
+  s.first_key = 0;
+  if (P.ragged_k != 0u) {
+    s.first_key = cu_seqlens_k[b];
+    s.key_length = cu_seqlens_k[b + 1u] - s.first_key;
+  }
+  // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
+  // scalar one by the host): every bound of visible_keys then stays within [-(q_len + 1), q_len + k_len].
+  int64_t offset = int64_t(P.causal_offset);
+  if (P.per_sequence_causal != 0u) offset = int64_t(s.key_length) - int64_t(s.queries);  // bottom-right
+  if (P.has_offsets != 0u) offset = int64_t(causal_offsets[b]);
+  s.causal_offset = int(clamp(offset, -int64_t(P.q_len) - 1, int64_t(P.k_len)));
+  return s;
+}
+
+// core::SequenceAccess::query_index: element of column 0 of query row i of head h (Q, O, lse: their layouts).
+uint query_at(TensorLayout l, SequenceRows s, uint b, uint h, uint i) {
+  return P.ragged_q != 0u ? at(l, 0u, h, uint(s.first_query) + i) : at(l, b, h, i);
+}
+// core::SequenceAccess::key_index: element of column 0 of key row j of K/V head kvh (K, V: their layouts); a
+// paged cache's key j is row j % page_size of the page the block table names.
+uint key_at(TensorLayout l, SequenceRows s, uint b, uint kvh, uint j) {
+  if (P.page_size != 0u) {
+    const uint page = uint(block_table[b * P.max_pages_per_seq + j / P.page_size]);
+    return at(l, page, kvh, j % P.page_size);
+  }
+  return P.ragged_k != 0u ? at(l, 0u, kvh, uint(s.first_key) + j) : at(l, b, kvh, j);
+}
+
+// core::VisibilityRule::for_row: the keys [begin, end) query `row` of an entry may see.
+ivec2 visible_keys(SequenceRows s, uint row) {
+  int64_t end = int64_t(s.key_length);
   // A key length outside [0, k_len] (device buffers: the host could not check it) hides the entry's every key.
   if (end < 0 || end > int64_t(P.k_len)) return ivec2(0, 0);
   int64_t begin = 0;
   if (P.causal != 0u) {
-    // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
-    // scalar one by the host): every bound below then stays within [-(q_len + 1), q_len + k_len].
-    int64_t offset = P.has_offsets != 0u ? clamp(int64_t(causal_offsets[b]), -int64_t(P.q_len) - 1, int64_t(P.k_len))
-                                         : int64_t(P.causal_offset);
-    int64_t limit = int64_t(row) + offset;
+    int64_t limit = int64_t(row) + int64_t(s.causal_offset);
     if (limit < end - 1) end = limit + 1;
     if (P.window > 0u) {
       int64_t first = limit + 1 - int64_t(P.window);
@@ -125,6 +175,7 @@ ivec2 visible_keys(uint b, uint row) {
   if (end < begin) end = begin;
   return ivec2(int(begin), int(end));
 }
+ivec2 visible_keys(uint b, uint row) { return visible_keys(sequence_rows(b), row); }
 
 // core::ScoreTransform: scale, then softcap.
 float transform(float dot) {

@@ -12,6 +12,8 @@ void main() {
   const uint bh = row_id / P.q_len;
   const uint h = bh % P.heads;
   const uint b = bh / P.heads;
+  const SequenceRows seq = sequence_rows(b);
+  if (int(i) >= seq.queries) return;  // past the entry's queries (ragged): no partials, nothing written
 
 #ifdef UNROLL_LOOPS
   float acc_[DV];
@@ -34,7 +36,7 @@ void main() {
     m = mm;
   }
   const vec2 fin = finish_row(m, sum, poisoned, h);
-  const uint out_at = at(P.lo, b, h, i);
+  const uint out_at = query_at(P.lo, seq, b, h, i);
   UNROLL for (int d = 0; d < DV; ++d) store_o(out_at + uint(d), finished(ACC(d), fin.x));
-  if (P.has_lse != 0u) lse_out[at(P.llse, b, h, i)] = fin.y;
+  if (P.has_lse != 0u) lse_out[query_at(P.llse, seq, b, h, i)] = fin.y;
 }

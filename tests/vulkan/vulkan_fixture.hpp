@@ -1,0 +1,35 @@
+// The Vulkan test programs' fixture: every test skips without a Vulkan device, and fails when any of its Vulkan
+// calls drew a validation-layer error (vulkan_main.cpp turns the Khronos layers on where they are installed).
+#pragma once
+
+#include <attnkit/attention.hpp>
+#include <attnkit/vulkan.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace attnkit::test {
+namespace {
+
+bool have_vulkan() {
+  static const bool present = [] {
+    const auto b = available_backends();
+    return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
+  }();
+  return present;
+}
+
+class VulkanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  }
+  void TearDown() override {
+    if (!have_vulkan()) return;
+    for (const auto& e : vulkan::validation_errors()) ADD_FAILURE() << "validation layer: " << e;
+  }
+};
+
+}  // namespace
+}  // namespace attnkit::test

@@ -1,0 +1,239 @@
+// Ragged (packed) batches and paged K/V caches (AttentionProblem::sequences) on the Vulkan backend's host-buffer
+// path: every sequence of a call must equal that sequence alone in a dense call, against the float64 reference
+// (tests/sequences_batch.hpp builds the random batches and checks them, as for the CPU and CUDA backends: empty
+// sequences, length 1, queries longer than keys, causal bottom-right, random page permutations, NHD and HND
+// pages of 1, 3 and 16 rows, shared prefix pages). Each batch runs unsplit and through a forced split and merge
+// pass; reruns and one-workgroup cuts give the same bits; rows past every sequence keep the caller's bytes (O and
+// the LSE); bad host values are refused by name with nothing written; the matrix kernel and the device-buffer
+// path refuse sequences by name. Every test fails on any validation-layer error. Without a device they skip.
+#include "sequences_batch.hpp"
+#include "vulkan_fixture.hpp"
+
+#include <attnkit/vulkan.hpp>
+
+#include <set>
+#include <utility>
+
+namespace attnkit::test {
+namespace {
+
+AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
+  AttentionConfig c;
+  c.backend = Backend::Vulkan;
+  c.plan.kernel = kernel;
+  c.plan.splits = splits;
+  return c;
+}
+
+// The LSE elements ([rows, heads], positions first) that belong to some sequence's query rows.
+std::set<std::int64_t> owned_lse(const Batch& batch, const BatchSpec& s) {
+  std::set<std::int64_t> owned;
+  for (std::int64_t b = 0; b < batch.batch(); ++b)
+    for (std::int64_t i = 0; i < s.q_lens[b]; ++i)
+      for (std::int64_t h = 0; h < s.heads; ++h) owned.insert(batch.query_row(b, i) * s.heads + h);
+  return owned;
+}
+
+// Runs the batch on the host path and checks it against the reference (check_batch: every sequence's rows, and
+// the O elements of no sequence untouched); also that the LSE of rows past every sequence keeps its poison and
+// that the plan is the one expected (`phrase` in describe()). Returns O's bytes.
+std::vector<std::uint8_t> check_on_vulkan(const Batch& batch, const BatchSpec& s, const AttentionConfig& config,
+                                          const std::string& phrase) {
+  std::vector<float> lse_after;
+  std::string described;
+  const BatchRunner runner = [&](Attention& op, const Batch& b, std::vector<std::uint8_t>& o, std::vector<float>& lse) {
+    described = op.describe();
+    op.run(b.args(o, lse));
+    lse_after = lse;
+  };
+  const auto out = check_batch(batch, s, config, runner);
+  EXPECT_NE(described.find(phrase), std::string::npos) << described;
+  EXPECT_NE(described.find("vulkan.rows"), std::string::npos) << described;
+  if (s.lse) {
+    const std::set<std::int64_t> owned = owned_lse(batch, s);
+    const std::vector<float> poison = batch.lse_buffer();
+    for (std::size_t e = 0; e < lse_after.size(); ++e) {
+      if (owned.count(static_cast<std::int64_t>(e)) == 0) EXPECT_EQ(lse_after[e], poison[e]) << "lse " << e << " was written";
+    }
+  }
+  return out;
+}
+
+// The properties every batch owes: it matches the reference unsplit and forced into three key ranges (merge
+// pass), and reruns, a second plan and one-workgroup cuts (work_budget = 1) of either give the same bits.
+void check_everything(const BatchSpec& spec, std::uint64_t seed) {
+  BatchSpec s = spec;
+  const Batch batch(s, seed);
+  const auto whole = check_on_vulkan(batch, s, vulkan_config(), "vulkan.rows");
+  EXPECT_EQ(check_on_vulkan(batch, s, vulkan_config(), "vulkan.rows"), whole) << "a rerun differs";
+  const auto split = check_on_vulkan(batch, s, vulkan_config("", 3), "split-k=");
+  s.work_budget = 1;  // one workgroup per launch
+  const Batch cut(s, seed);
+  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config(), "launches"), whole) << "the cut call differs";
+  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config("", 3), "launches"), split) << "the cut split call differs";
+}
+
+class VulkanSequences : public VulkanTest {};
+
+// Six ragged variants (tests/sequences_batch.hpp: grouped heads, a 40 dim and a narrower V dim, causal, a window, a
+// softcap, a head sink, zero masked rows) in every dtype; the longest query run (50, 90 in variant 5) passes the
+// longest key run (70), so some sequences have more queries than keys (causal bottom-right: early rows see none).
+TEST_F(VulkanSequences, RaggedBatchesMatchEachSequenceAlone) {
+  std::mt19937 rng(31);
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    for (int variant = 0; variant < 6; ++variant) {
+      const BatchSpec s = ragged_variant(rng, t, variant, {24, 32, 16, 50, 90, 70});
+      check_everything(s, 100 + variant);
+    }
+  }
+}
+
+// Ragged queries over dense, padded keys with key lengths.
+TEST_F(VulkanSequences, RaggedQueriesOverDenseKeysWithKeyLengths) {
+  std::mt19937 rng(7);
+  BatchSpec s;
+  s.dtype = DType::f16;
+  s.q_lens = random_lengths(rng, 5, 40);
+  s.k_lens = random_lengths(rng, 5, 90);
+  s.ragged_k = false;
+  s.causal = true;
+  check_everything(s, 5);
+}
+
+// Paged K/V: pages of 1, 3 (not a power of two) and 16 rows in a random order among spare pages, NHD and HND,
+// two sequences sharing their first page, ragged queries (chunked prefill) and dense ones (decode steps).
+TEST_F(VulkanSequences, PagedKvMatchesEachSequenceAlone) {
+  std::mt19937 rng(11);
+  for (std::int64_t page : {1, 3, 16}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      BatchSpec s;
+      s.dtype = variant == 1 ? DType::bf16 : variant == 2 ? DType::f32 : DType::f16;
+      s.page_size = page;
+      s.heads_before_pages_rows = variant % 2 == 1;
+      s.shared_prefix = variant >= 2;
+      s.ragged_k = false;
+      const std::int64_t batch = 5;
+      s.k_lens = random_lengths(rng, batch, 100);
+      if (variant == 3) {
+        s.q_lens = random_lengths(rng, batch, 30);
+      } else {
+        s.ragged_q = false;
+        s.q_lens.assign(batch, variant == 0 ? 1 : 6);
+      }
+      s.causal = variant != 2;
+      if (variant == 1) s.window = 20;
+      SCOPED_TRACE("page size " + std::to_string(page) + ", variant " + std::to_string(variant));
+      check_everything(s, 1000 + page * 10 + variant);
+    }
+  }
+}
+
+// ---- refusals: an Error naming the argument, nothing written ----
+
+BatchSpec small_ragged() {
+  BatchSpec s;
+  s.q_lens = {3, 5, 2};
+  s.k_lens = {4, 6, 9};
+  s.causal = true;
+  return s;
+}
+BatchSpec small_paged() {
+  BatchSpec s = small_ragged();
+  s.ragged_k = false;
+  s.page_size = 4;
+  return s;
+}
+
+// A copy of an int32 array the arguments point at, changed at one index.
+void replace_array(ConstBuffer& buffer, std::vector<std::int32_t>& storage, std::size_t at, std::int32_t value) {
+  const auto* from = static_cast<const std::int32_t*>(buffer.data);
+  storage.assign(from, from + buffer.elements);
+  storage[at] = value;
+  buffer.data = storage.data();
+}
+
+// Runs `change`d arguments of a valid batch on the Vulkan backend; expects an Error naming `argument`, and O and
+// the LSE untouched.
+template <class Change>
+void expect_rejected(const BatchSpec& s, const std::string& argument, Change change) {
+  SCOPED_TRACE(argument);
+  const Batch batch(s, 9);
+  std::vector<std::uint8_t> o = batch.output_buffer();
+  std::vector<float> lse = batch.lse_buffer();
+  const auto o_before = o;
+  const auto lse_before = lse;
+  AttentionProblem p = batch.problem();
+  AttentionArgs a = batch.args(o, lse);
+  std::vector<std::int32_t> storage;
+  change(p, a, storage);
+  try {
+    attention(p, a, vulkan_config());
+    ADD_FAILURE() << "accepted; expected an Error naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+  }
+  EXPECT_EQ(o, o_before) << "O was written before the error";
+  EXPECT_EQ(lse, lse_before) << "the LSE was written before the error";
+}
+
+TEST_F(VulkanSequences, BadHostValuesAreRejectedByNameWithNothingWritten) {
+  using S = std::vector<std::int32_t>;
+  expect_rejected(small_ragged(), "cu_seqlens_q[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
+    replace_array(a.cu_seqlens_q, st, 2, 2);  // below cu[1] = 3: decreasing
+  });
+  expect_rejected(small_ragged(), "cu_seqlens_k[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
+    replace_array(a.cu_seqlens_k, st, 2, 3);  // below cu[1] = 4: decreasing
+  });
+  expect_rejected(small_ragged(), "cu_seqlens_k[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
+    replace_array(a.cu_seqlens_k, st, 1, 0);  // sequence 1 becomes 10 keys long, more than k_len 9
+  });
+  expect_rejected(small_ragged(), "cu_seqlens_q[3]", [](AttentionProblem& p, AttentionArgs&, S&) {
+    p.sequences.total_q = 9;  // the last sequence ends at row 10
+  });
+  expect_rejected(small_ragged(), "cu_seqlens_q", [](AttentionProblem&, AttentionArgs& a, S&) { a.cu_seqlens_q.data = nullptr; });
+  // (max_pages_per_seq is 4: entry 4 is sequence 1's first page)
+  expect_rejected(small_paged(), "block_table[4]", [](AttentionProblem& p, AttentionArgs& a, S& st) {
+    replace_array(a.block_table, st, 4, static_cast<std::int32_t>(p.sequences.num_pages));  // past the pages
+  });
+  expect_rejected(small_paged(), "block_table[0]", [](AttentionProblem&, AttentionArgs& a, S& st) {
+    replace_array(a.block_table, st, 0, -1);
+  });
+  expect_rejected(small_paged(), "block_table", [](AttentionProblem&, AttentionArgs& a, S&) { a.block_table.elements -= 1; });
+  expect_rejected(small_paged(), "key_lengths[1]", [](AttentionProblem&, AttentionArgs& a, S& st) {
+    replace_array(a.key_lengths, st, 1, 10);  // past k_len 9 (and past the block table's pages)
+  });
+  expect_rejected(small_paged(), "sequences.page_size", [](AttentionProblem& p, AttentionArgs&, S&) {
+    p.sequences.page_size = 0;  // pages of no rows (num_pages and max_pages_per_seq still set)
+  });
+  expect_rejected(small_paged(), "k", [](AttentionProblem&, AttentionArgs& a, S&) { a.k.elements -= 1; });  // the pages
+  expect_rejected(small_ragged(), "o", [](AttentionProblem&, AttentionArgs& a, S&) { a.o.elements -= 1; });  // total_q rows
+}
+
+// The matrix kernel runs dense batches only: the plan takes rows and says why; forced, it is an Error naming the
+// argument. The device-buffer path cannot check cu_seqlens or block tables in device memory: refused by name.
+TEST_F(VulkanSequences, MatrixKernelAndDeviceBuffersRefuseSequencesByName) {
+  for (const BatchSpec& base : {small_ragged(), small_paged()}) {
+    BatchSpec s = base;
+    s.dtype = DType::f16;
+    const Batch batch(s, 3);
+    const std::string described = Attention(batch.problem(), vulkan_config()).describe();
+    EXPECT_NE(described.find("vulkan.rows"), std::string::npos) << described;
+    EXPECT_NE(described.find("ragged and paged sequences run on the rows kernel only"), std::string::npos) << described;
+    try {
+      Attention op(batch.problem(), vulkan_config("coopmat"));
+      ADD_FAILURE() << "coopmat accepted a batch with sequences";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "config.plan.kernel") << e.what();
+      EXPECT_NE(std::string(e.what()).find("rows kernel only"), std::string::npos) << e.what();
+    }
+    try {
+      vulkan::DeviceAttention op(batch.problem());
+      ADD_FAILURE() << "DeviceAttention accepted a batch with sequences";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "sequences") << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::test
