@@ -394,7 +394,8 @@ def _run_sequences(q, k, v, cu_q, cu_k, block_table, key_lengths, max_q, max_k, 
         _optional_float("softcap", softcap), _optional_float("scale", scale),
         _choice("masked_rows", masked_rows, ("nan", "zero")) == "zero", bool(return_lse), out,
         _choice("kv_layout", kv_layout, ("nhd", "hnd")) == "hnd", _optional_int("threads", threads, _INT32),
-        _choice("backend", backend, ("auto", "cpu", "reference", "cuda")), _current_stream(q), _allocator(q), str(plan))
+        _choice("backend", backend, ("auto", "cpu", "reference", "cuda", "vulkan")), _current_stream(q), _allocator(q),
+        str(plan))
 
 
 def _paged_attention(q, k, v, block_table, key_lengths, causal, causal_offset, window, softcap, scale, masked_rows,
@@ -444,9 +445,10 @@ def attention_varlen(
     (its last query sees every key of its sequence). With ``block_table`` (int32 ``[B, max_pages_per_seq]``),
     ``k`` and ``v`` are a paged cache instead (see :func:`attention`) and ``cu_seqlens_k`` gives each
     sequence's key count. Returns ``out`` ``[total_q, H, Dv]`` (rows no sequence owns are not written), and
-    with ``return_lse`` the float32 LSE ``[H, total_q]``. Host arrays run on the CPU backend; CUDA arrays on
-    the CUDA backend, which reads ``cu_seqlens_*``, ``block_table`` and key lengths on the device only (no
-    synchronisation: the call captures in a CUDA graph; the plan comes from ``max_seqlen_q`` /
+    with ``return_lse`` the float32 LSE ``[H, total_q]``. Host arrays run on the CPU backend (or, with
+    ``backend="vulkan"`` on NumPy arrays, on the Vulkan backend, which checks the values as the CPU does); CUDA
+    arrays on the CUDA backend, which reads ``cu_seqlens_*``, ``block_table`` and key lengths on the device only
+    (no synchronisation: the call captures in a CUDA graph; the plan comes from ``max_seqlen_q`` /
     ``max_seqlen_k`` and the cache's capacity). Out-of-range device values cannot raise: the sequence they
     belong to gives masked rows (bad keys) or no rows (bad queries); see docs/numerics.md.
 

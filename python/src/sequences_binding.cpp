@@ -1,6 +1,6 @@
 // The binding of ragged batches and paged K/V caches (AttentionProblem::sequences): attnkit.attention_varlen and
-// attnkit.attention(..., block_table=...). Host arrays run on the CPU (or Reference) backend, CUDA arrays on the
-// CUDA backend, which reads the sequence arrays on the device only (the call captures in a CUDA graph).
+// attnkit.attention(..., block_table=...). Host arrays run on the CPU (or Reference, or Vulkan) backend, CUDA arrays
+// on the CUDA backend, which reads the sequence arrays on the device only (the call captures in a CUDA graph).
 #include "arrays.hpp"
 
 #include <attnkit/attention.hpp>
@@ -169,12 +169,15 @@ nb::tuple attention_sequences(nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   AttentionConfig config;
   config.threads = threads.value_or(0);
   config.plan = parse_plan_overrides(plan);
-  config.backend = in.where == Where::cuda ? Backend::Cuda : backend == "reference" ? Backend::Reference : Backend::Cpu;
+  config.backend = in.where == Where::cuda    ? Backend::Cuda
+                   : backend == "reference"   ? Backend::Reference
+                   : backend == "vulkan"      ? Backend::Vulkan
+                                              : Backend::Cpu;
   if (in.where == Where::cuda ? backend != "auto" && backend != "cuda"
-                              : backend != "auto" && backend != "cpu" && backend != "reference") {
+                              : backend != "auto" && backend != "cpu" && backend != "reference" && backend != "vulkan") {
     fail("backend: \"" + backend + "\" does not run " + (in.where == Where::cuda ? "CUDA" : "host") +
-         " arrays (ragged batches and paged K/V: \"auto\", \"cpu\", \"reference\" for host arrays, \"cuda\" for "
-         "CUDA arrays)");
+         " arrays (ragged batches and paged K/V: \"auto\", \"cpu\", \"reference\", \"vulkan\" for host arrays, "
+         "\"cuda\" for CUDA arrays)");
   }
   Attention op(p, config);  // checks every shape, layout and option rule
   AttentionArgs args;
