@@ -2,7 +2,7 @@
 // path: every sequence of a call must equal that sequence alone in a dense call, against the float64 reference
 // (tests/sequences_batch.hpp builds the random batches and checks them, as for the CPU and CUDA backends: empty
 // sequences, length 1, queries longer than keys, causal bottom-right, random page permutations, NHD and HND
-// pages of 1, 3 and 16 rows, shared prefix pages). Each batch runs unsplit and through a forced split and merge
+// pages of 1, 3, 16 and 48 rows, shared prefix pages). Each batch runs unsplit and through a forced split and merge
 // pass; reruns and one-workgroup cuts give the same bits; rows past every sequence keep the caller's bytes (O and
 // the LSE); bad host values are refused by name with nothing written; the matrix kernel and the device-buffer
 // path refuse sequences by name. Every test fails on any validation-layer error. Without a device they skip.
@@ -126,6 +126,26 @@ TEST_F(VulkanSequences, PagedKvMatchesEachSequenceAlone) {
       check_everything(s, 1000 + page * 10 + variant);
     }
   }
+}
+
+// A decode step over long paged caches (pages of 48 rows, HND; a key length that ends mid-page): few workgroups,
+// so the plan splits the keys itself (on a GPU to fill it, on a CPU device for llvmpipe's loop guard) and the
+// merge pass folds the ranges; cut calls equal the whole call.
+TEST_F(VulkanSequences, LongPagedDecodeSplitsOnItsOwn) {
+  BatchSpec s;
+  s.dtype = DType::f16;
+  s.ragged_q = false;
+  s.ragged_k = false;
+  s.q_lens.assign(3, 1);
+  s.k_lens = {2500, 1777, 0};
+  s.page_size = 48;
+  s.heads_before_pages_rows = true;
+  s.shared_prefix = true;
+  s.causal = true;
+  const Batch batch(s, 41);
+  const auto whole = check_on_vulkan(batch, s, vulkan_config(), "split-k=");
+  s.work_budget = 1;
+  EXPECT_EQ(check_on_vulkan(Batch(s, 41), s, vulkan_config(), "launches"), whole) << "the cut call differs";
 }
 
 // ---- refusals: an Error naming the argument, nothing written ----
