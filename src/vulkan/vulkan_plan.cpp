@@ -58,7 +58,8 @@ int coop_tile_keys(const AttentionProblem& p, const VulkanTraits& device, bool e
 
 // Why the cooperative-matrix kernel cannot run `p` on `device` ("" when it can). Without the device's matrices
 // it runs its emulated build (matrix steps as scalar loops: for tests, on lavapipe); with them it needs four
-// 32-lane subgroups per workgroup.
+// 32-lane subgroups per workgroup. Ragged and paged batches stay on rows: the matrix kernel's tile loads walk a
+// dense entry's K/V rows (no per-key page lookup), and its matrix build cannot be tested on the CI's device.
 std::string coop_refusal(const AttentionProblem& p, const VulkanTraits& device) {
   if (p.sequences.any()) return "ragged and paged sequences run on the rows kernel only";
   if (p.dtype != DType::f16) return "it runs float16 only";
