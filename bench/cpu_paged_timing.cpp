@@ -6,7 +6,7 @@
 // GB/s of visible K/V, dense and paged taking turns.
 //
 //   g++ -O2 -std=c++20 -Iinclude bench/cpu_paged_timing.cpp -Lbuild/release -lattnkit -o build/cpu_paged_timing
-//   LD_LIBRARY_PATH=build/release build/cpu_paged_timing B lo hi f16|bf16|f32 nhd|hnd page seconds [overrides]
+//   LD_LIBRARY_PATH=build/release build/cpu_paged_timing B lo hi f16|bf16|f32 nhd|hnd page seconds [overrides [threads]]
 #include <attnkit/attention.hpp>
 
 #include <algorithm>
@@ -50,7 +50,7 @@ void time_for(Call& call, double seconds) {
 
 int main(int argc, char** argv) {
   if (argc < 8) {
-    std::fprintf(stderr, "usage: %s B lo hi f16|bf16|f32 nhd|hnd page seconds [overrides]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s B lo hi f16|bf16|f32 nhd|hnd page seconds [overrides [threads]]\n", argv[0]);
     return 2;
   }
   const std::int64_t B = std::atol(argv[1]), lo = std::atol(argv[2]), hi = std::atol(argv[3]);
@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   const std::size_t es = dtype_size(t);
   AttentionConfig config;
   if (argc > 8) config.plan = parse_plan_overrides(argv[8]);
+  if (argc > 9) config.threads = std::atoi(argv[9]);
 
   std::mt19937 rng(1);
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(B));

@@ -179,6 +179,35 @@ TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
   EXPECT_GT(wide_split, 6) << "items over several K/V heads with split keys are covered";
 }
 
+// K/V that streams from memory (past the prefetch threshold: 4-16 MiB): a wide item's heads score in turns by group
+// of keys (TiledPlan::interleaved_scores). Against the reference, and the same bytes as with each head's whole tile
+// in turn (off=interleaved-scores).
+TEST(FewRows, WideItemsOverStreamingKeysScoreTheirHeadsInTurns) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    CaseSpec s;
+    s.name = "interleaved_scores";
+    s.batch = 3, s.heads = 16, s.kv_heads = 8, s.q_len = 2, s.k_len = 2100, s.head_dim = 128;  // >= 25 MB of K/V
+    s.layout = LayoutKind::PositionsFirst;
+    s.causal = true;
+    s.key_lengths = KeyLengths::Random;
+    SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
+    CaseData data(s, dtype, 23);
+    const cpu::ReferenceResult ref = data.reference();
+    AttentionConfig config;
+    config.threads = 1;  // (one thread: all 8 K/V heads of an entry in one item)
+    const Outcome turns = run_and_measure(data, ref, config);
+    EXPECT_NE(turns.describe.find("scores in turns"), std::string::npos) << turns.describe;
+    EXPECT_LE(turns.err, testing::tolerance(dtype));
+    EXPECT_EQ(turns.unwritten, 0);
+    const std::vector<std::byte> bytes = data.output_bytes();
+    config.plan = parse_plan_overrides("off=interleaved-scores");
+    const Outcome whole = run_and_measure(data, ref, config);
+    EXPECT_EQ(whole.describe.find("scores in turns"), std::string::npos) << whole.describe;
+    EXPECT_NE(whole.describe.find("K/V heads per item"), std::string::npos) << whole.describe;
+    EXPECT_TRUE(data.output_bytes() == bytes);
+  }
+}
+
 // A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score
 // poisons only its own row.
 TEST(FewRows, NonFiniteValuesStayInTheirRows) {

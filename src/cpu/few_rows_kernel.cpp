@@ -391,6 +391,7 @@ class TileSteps {
 
   // Whether the tile's parts may interleave with other heads' (rows read in place: nothing in the shared workspace).
   bool reads_in_place() const { return !gathered_; }
+  bool interleaves_scores() const { return job_.interleaved_scores; }
 
   void begin_tile(std::int64_t t0, TileRows& t) const {
     const std::int64_t dim = p_.head_dim, dv = p_.v_head_dim;
@@ -479,9 +480,10 @@ void run_rows(const ItemJob& job, const RowsSetup& rs) {
   for (std::int64_t t0 = steps.first_tile(); t0 < steps.end(); t0 += kKeyTile) steps.step(t0);
 }
 
-// One tile of a wide item's heads, rows read in place: the scores of every head a group of keys at a time, so that
-// a key's K row is read across its heads at once (interleaved heads' rows are contiguous: in address order), then
-// each head's softmax and P V. A head's keys fall in the same groups as in a step of its own: the same bits.
+// One tile of a wide item's heads, rows read in place (TiledPlan::interleaved_scores): the scores of every head a
+// group of keys at a time, so that a key's K row is read across its heads at once (interleaved heads' rows are
+// contiguous: in address order), then each head's softmax and P V. A head's keys fall in the same groups as in a
+// step of its own: the same bits.
 template <int R, class T>
 void interleaved_tile(const std::optional<TileSteps<R, T>>* steps, const int* active, int count, std::int64_t t0) {
   typename TileSteps<R, T>::TileRows tiles[kMaxKvHeadsPerItem];
@@ -522,7 +524,7 @@ void run_rows_wide(const ItemJob* jobs, const RowsSetup* rs, int heads) {
   for (std::int64_t t0 = first; t0 < last; t0 += kKeyTile) {
     int active[kMaxKvHeadsPerItem];
     int count = 0;
-    bool in_place = true;
+    bool in_place = steps[0]->interleaves_scores();
     for (int h = 0; h < heads; ++h) {
       if (t0 >= steps[h]->first_tile() && t0 < steps[h]->end()) {
         active[count++] = h;

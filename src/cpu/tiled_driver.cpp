@@ -80,6 +80,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.widened_v = job.widened && plan.widened_v;
   job.prefetch_v = plan.prefetch_v;
   job.prefetch_ahead = plan.prefetch_ahead;
+  job.interleaved_scores = plan.interleaved_scores;
   return job;
 }
 
@@ -305,6 +306,10 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   const bool streams = kv_bytes(p) >= min_prefetched_bytes();
   plan.prefetch_v = streams && !overrides.is_off("prefetch-v");
   plan.prefetch_ahead = streams && !overrides.is_off("prefetch-ahead");
+  // A wide few-rows item whose K/V streams from memory scores its heads in turns by group of keys, so that each K row
+  // is read across the heads at once; on K/V that stays in the caches the turns cost more than they save (Whisper's
+  // decoder step 0.87x), bench/results/cpu-paged-nhd-2026-12-05-xeon.md.
+  plan.interleaved_scores = streams && !overrides.is_off("interleaved-scores");
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
@@ -345,6 +350,7 @@ std::string describe(const TiledPlan& plan) {
   if (plan.widened_keys > 0) s += plan.amx ? ", K/V staged once per head and thread" : ", K/V widened once per head and thread";
   if (plan.kv_heads_per_item > 1) {
     s += ", " + std::to_string(plan.kv_heads_per_item) + " K/V heads per item (interleaved heads' rows read whole)";
+    if (plan.interleaved_scores) s += ", their scores in turns by group of keys";
   }
   if (plan.splits > 1) {
     s += ", split-k " + std::to_string(plan.splits) + " x " + std::to_string(plan.split_keys) + " keys (" +

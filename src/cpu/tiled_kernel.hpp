@@ -55,6 +55,7 @@ struct TiledPlan {
   // streaming decode waiting on its loads.
   bool prefetch_v = false;
   bool prefetch_ahead = false;
+  bool interleaved_scores = false;  // wide few-rows items: heads' scores in turns by group of keys (few_rows_kernel)
   // > 0: each thread keeps one K/V head's widened (dequantized, copied) keys, or their AMX operands, for the row
   // blocks it runs of that head (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;
