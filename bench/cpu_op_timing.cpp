@@ -6,6 +6,8 @@
 //   LD_LIBRARY_PATH=build/release build/cpu_op_timing B H HKV SQ SK D f32|f16|bf16 causal(0|1) seconds [overrides]
 #include <attnkit/attention.hpp>
 
+#include "cpu_timing_values.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -16,35 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace {
-
 using namespace attnkit;
-
-// n values uniform in [-1, 1], stored as t (bfloat16: the top half of the float32, as the inputs' rounding does
-// not matter for timing).
-std::vector<unsigned char> random_values(std::int64_t n, DType t, std::mt19937& rng) {
-  const std::size_t es = dtype_size(t);
-  std::vector<unsigned char> out(static_cast<std::size_t>(n) * es);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float x = uniform(rng);
-    unsigned char* at = out.data() + static_cast<std::size_t>(i) * es;
-    if (t == DType::f32) {
-      std::memcpy(at, &x, 4);
-    } else if (t == DType::bf16) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &x, 4);
-      const auto half = static_cast<std::uint16_t>(bits >> 16);
-      std::memcpy(at, &half, 2);
-    } else {
-      const _Float16 h = static_cast<_Float16>(x);
-      std::memcpy(at, &h, 2);
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 10) {
@@ -65,7 +39,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%s\n", op.describe().c_str());
   std::mt19937 rng(1);
   const std::int64_t nq = B * SQ * H * D, nk = B * SK * HKV * D;
-  auto q = random_values(nq, t, rng), k = random_values(nk, t, rng), v = random_values(nk, t, rng);
+  auto q = bench::random_values(nq, t, rng), k = bench::random_values(nk, t, rng), v = bench::random_values(nk, t, rng);
   std::vector<unsigned char> o(q.size());
   AttentionArgs args;
   args.q = {q.data(), nq};

@@ -9,6 +9,8 @@
 //   LD_LIBRARY_PATH=build/release build/cpu_paged_timing B lo hi f16|bf16|f32 nhd|hnd page seconds [overrides [threads]]
 #include <attnkit/attention.hpp>
 
+#include "cpu_timing_values.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -67,27 +69,7 @@ int main(int argc, char** argv) {
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(B));
   std::uniform_int_distribution<std::int64_t> length_of(lo, hi);
   for (auto& n : lengths) n = static_cast<std::int32_t>(length_of(rng));
-  // Random bytes stand in for values: only float16's and bfloat16's exponents could make a NaN, so keep them small.
-  auto random_values = [&](std::int64_t n) {
-    std::vector<unsigned char> out(static_cast<std::size_t>(n) * es);
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float x = uniform(rng);
-      unsigned char* at = out.data() + static_cast<std::size_t>(i) * es;
-      if (t == DType::f32) {
-        std::memcpy(at, &x, 4);
-      } else if (t == DType::bf16) {
-        std::uint32_t bits;
-        std::memcpy(&bits, &x, 4);
-        const auto half = static_cast<std::uint16_t>(bits >> 16);
-        std::memcpy(at, &half, 2);
-      } else {
-        const _Float16 h = static_cast<_Float16>(x);
-        std::memcpy(at, &h, 2);
-      }
-    }
-    return out;
-  };
+  auto random_values = [&](std::int64_t n) { return bench::random_values(n, t, rng); };
   const std::int64_t nq = B * kHeads * kDim, nk = B * kKvHeads * hi * kDim;
   const auto q = random_values(nq), k = random_values(nk), v = random_values(nk);
   std::vector<unsigned char> o_dense(q.size()), o_paged(q.size());

@@ -189,27 +189,6 @@ void expect_rejected(const BatchSpec& s, const std::string& argument, Change cha
   EXPECT_EQ(o, before) << "an output was written before the error";
 }
 
-BatchSpec small_ragged() {
-  BatchSpec s;
-  s.q_lens = {3, 5, 2};
-  s.k_lens = {4, 6, 9};
-  s.causal = true;
-  return s;
-}
-BatchSpec small_paged() {
-  BatchSpec s = small_ragged();
-  s.ragged_k = false;
-  s.page_size = 4;
-  return s;
-}
-
-// A copy of an int32 array the arguments point at, changed at one index.
-void replace_array(ConstBuffer& buffer, std::vector<std::int32_t>& storage, std::size_t at, std::int32_t value) {
-  const auto* from = static_cast<const std::int32_t*>(buffer.data);
-  storage.assign(from, from + buffer.elements);
-  storage[at] = value;
-  buffer.data = storage.data();
-}
 
 TEST(Sequences, BadHostValuesAreRejectedByNameWithNothingWritten) {
   using S = std::vector<std::int32_t>;

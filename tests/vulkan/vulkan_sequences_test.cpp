@@ -150,27 +150,6 @@ TEST_F(VulkanSequences, LongPagedDecodeSplitsOnItsOwn) {
 
 // ---- refusals: an Error naming the argument, nothing written ----
 
-BatchSpec small_ragged() {
-  BatchSpec s;
-  s.q_lens = {3, 5, 2};
-  s.k_lens = {4, 6, 9};
-  s.causal = true;
-  return s;
-}
-BatchSpec small_paged() {
-  BatchSpec s = small_ragged();
-  s.ragged_k = false;
-  s.page_size = 4;
-  return s;
-}
-
-// A copy of an int32 array the arguments point at, changed at one index.
-void replace_array(ConstBuffer& buffer, std::vector<std::int32_t>& storage, std::size_t at, std::int32_t value) {
-  const auto* from = static_cast<const std::int32_t*>(buffer.data);
-  storage.assign(from, from + buffer.elements);
-  storage[at] = value;
-  buffer.data = storage.data();
-}
 
 // Runs `change`d arguments of a valid batch on the Vulkan backend; expects an Error naming `argument`, and O and
 // the LSE untouched.
