@@ -23,14 +23,6 @@ using testing::LayoutKind;
 using testing::MaskKind;
 using testing::tolerance;
 
-AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
-  AttentionConfig c;
-  c.backend = Backend::Vulkan;
-  c.plan.kernel = kernel;
-  c.plan.splits = splits;
-  return c;
-}
-
 // The kernels the device runs `problem` with: each one the plan accepts when forced.
 std::vector<std::string> accepted_kernels(const AttentionProblem& problem) {
   std::vector<std::string> out;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "mapped_buffer.hpp"
+#include "vulkan_fixture.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,11 +22,6 @@
 
 namespace attnkit::test {
 namespace {
-
-bool have_vulkan() {
-  const auto b = available_backends();
-  return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
-}
 
 // A mapped buffer on the backend's own device.
 MappedBuffer backend_buffer(std::uint64_t bytes) {
@@ -121,16 +117,7 @@ struct Packed {
   }
 };
 
-class VulkanDeviceBuffers : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  }
-  void TearDown() override {
-    if (!have_vulkan()) return;
-    for (const auto& e : vulkan::validation_errors()) ADD_FAILURE() << "validation layer: " << e;
-  }
-};
+class VulkanDeviceBuffers : public VulkanTest {};
 
 TEST_F(VulkanDeviceBuffers, RunMatchesTheHostCallBitForBit) {
   const Packed t;

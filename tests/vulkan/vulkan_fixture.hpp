@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 namespace attnkit::test {
 namespace {
@@ -18,6 +20,15 @@ bool have_vulkan() {
     return std::find(b.begin(), b.end(), Backend::Vulkan) != b.end();
   }();
   return present;
+}
+
+// The Vulkan backend, with a kernel and a key split forced through the plan overrides ("", 0: the plan's own).
+AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
+  AttentionConfig c;
+  c.backend = Backend::Vulkan;
+  c.plan.kernel = kernel;
+  c.plan.splits = splits;
+  return c;
 }
 
 class VulkanTest : public ::testing::Test {

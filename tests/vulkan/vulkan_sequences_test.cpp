@@ -17,14 +17,6 @@
 namespace attnkit::test {
 namespace {
 
-AttentionConfig vulkan_config(const std::string& kernel = "", std::int64_t splits = 0) {
-  AttentionConfig c;
-  c.backend = Backend::Vulkan;
-  c.plan.kernel = kernel;
-  c.plan.splits = splits;
-  return c;
-}
-
 // The LSE elements ([rows, heads], positions first) that belong to some sequence's query rows.
 std::set<std::int64_t> owned_lse(const Batch& batch, const BatchSpec& s) {
   std::set<std::int64_t> owned;
