@@ -366,7 +366,11 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // (the decode kernel's ranges hold at most kDecodeMaxKeys keys)
   const std::int64_t least_for_decode = decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1;
   if (streams && base_blocks > 0 && o.splits == 0) {
-    const std::int64_t resident = sms * device.resident_blocks(plan.kernel);
+    // The wgmma kernel's workers are SMs, not resident blocks: one of its streaming blocks per SM reads a cache as
+    // fast as two (H100, head dim 64: batch 16 x 8 K/V heads over 8k keys 90.9 us whole, 98.0 in 2 ranges; 64 query
+    // heads on one K/V head, batch 16 over 16k, 36.4 us in 8 ranges, 41.4 in 16;
+    // bench/results/2026-12-05-h100-decode-d64-split.md).
+    const std::int64_t resident = sms * (warpgroup ? 1 : device.resident_blocks(plan.kernel));
     const core::TileSplit cut =
         core::split_for_soonest_finish(base_blocks, resident, tiles, std::min(least_for_decode, kMaxSplits),
                                        std::max(std::min(least_for_decode, kMaxSplits), most));
