@@ -26,6 +26,7 @@ constexpr std::int64_t kMinSplitKeys = 256;
 constexpr std::int64_t kMaxSplits = 16;
 constexpr std::int64_t kMinRowBlocksForAmxF16 = 4;
 constexpr std::int64_t kMaxHeadDimForAmxF16 = 64;
+constexpr std::int64_t kMinHeadDimForAmxF16 = 17;
 constexpr std::size_t kAlign = 64;
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -294,10 +295,15 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   // row split into two terms) is paid once per head and thread, and over fewer row blocks cost more than the tiles
   // saved (BERT-base at 128 tokens: 1.32x slower on the tiles, at 512: 1.06-1.2x faster, the Whisper encoder 1.28x);
   // at head dim 128 the four-fold score product cost more than the float32 products (Llama-3-8B prefill 0.82x,
-  // a 128-query chunk over 4k keys 0.72x).
-  const bool amx_dtype = p.dtype == DType::bf16 ||
-                         (p.dtype == DType::f16 && ceil_div(plan.group_rows, kRowBlock) >= kMinRowBlocksForAmxF16 &&
-                          p.head_dim <= kMaxHeadDimForAmxF16);
+  // a 128-query chunk over 4k keys 0.72x). The tiles cost whole 64-key tiles, so float16 (where they gain at most
+  // 1.15x) takes them only where padding the keys to whole tiles adds at most 1/16: 77 keys ran 1.68x slower on
+  // them, 197 keys 1.34x, 240 1.06x; and not at head dim 16, whose two terms fill one 32-wide step (0.79-0.86x)
+  // (bench/results/cpu-2026-12-05-f16-amx-partial-tiles.md).
+  const std::int64_t padded_keys = ceil_div(p.k_len, kKeyTile) * kKeyTile;
+  const bool f16_tiles_pay = ceil_div(plan.group_rows, kRowBlock) >= kMinRowBlocksForAmxF16 &&
+                             p.head_dim >= kMinHeadDimForAmxF16 && p.head_dim <= kMaxHeadDimForAmxF16 &&
+                             (padded_keys - p.k_len) * 16 <= p.k_len;
+  const bool amx_dtype = p.dtype == DType::bf16 || (p.dtype == DType::f16 && f16_tiles_pay);
   plan.amx = amx_dtype && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
              plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
   // P rounded to the element type for P V, as on the CUDA tensor cores (bfloat16); float16's 11 bits take all of
