@@ -642,6 +642,24 @@ void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max
   }
 }
 
+// The K and V rows of keys [k0, k1), asked for ahead of their tile (float K/V read from the tensors, not from a
+// widened copy, where the call's K/V streams from memory: TiledPlan::prefetch_ahead). Rows of a positions-first
+// tensor lie a few KB apart, a page per few keys, which the hardware prefetchers do not follow.
+void prefetch_tile_rows(const ItemJob& job, std::int64_t k0, std::int64_t k1) {
+  const AttentionProblem& p = *job.problem;
+  const AttentionArgs& a = *job.args;
+  if (!job.prefetch_ahead || job.widened || p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) {
+    return;
+  }
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  for (std::int64_t key = k0; key < k1; ++key) {
+    prefetch_row(static_cast<const char*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key) * es,
+                 p.head_dim * es);
+    prefetch_row(static_cast<const char*>(a.v.data) + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, key) * es,
+                 p.v_head_dim * es);
+  }
+}
+
 // The item's keys on the float32 (or bf16-dot) products, one tile at a time.
 void run_simd_tiles(const ItemJob& job, const ItemTiles& it) {
   const AttentionProblem& p = *job.problem;
@@ -656,6 +674,7 @@ void run_simd_tiles(const ItemJob& job, const ItemTiles& it) {
     const std::int64_t n = std::min(t0 + kKeyTile, it.union_end) - k0;
     if (t0 + kKeyTile >= it.union_end) prefetch_item_rows(job, true);
     load_tile_rows(job, it, t0, k0, n);
+    prefetch_tile_rows(job, t0 + kKeyTile, std::min(t0 + 2 * kKeyTile, it.union_end));
     if (job.bf16_dot) {
       bf16_dot::scores(w.q_pairs, p.head_dim, w.kbits, n, lanes_used, w.st);
     } else {
