@@ -208,6 +208,34 @@ TEST(FewRows, WideItemsOverStreamingKeysScoreTheirHeadsInTurns) {
   }
 }
 
+// A tiled item (more rows than the few-rows kernel's: a verify step's 5 tokens x 4 heads) over streaming K/V read
+// in place asks for its next tile's K/V rows (TiledPlan::prefetch_tiles): against the reference, and the same bytes
+// as without (off=prefetch-ahead), with key lengths that end mid-tile.
+TEST(FewRows, TiledItemsOverStreamingKeysPrefetchTheNextTile) {
+  for (DType dtype : {DType::f32, DType::f16}) {
+    CaseSpec s;
+    s.name = "prefetch_tiles";
+    s.batch = 2, s.heads = 16, s.kv_heads = 4, s.q_len = 5, s.k_len = 4100, s.head_dim = 128;  // >= 16 MiB of K/V
+    s.layout = LayoutKind::PositionsFirst;
+    s.causal = true;
+    s.key_lengths = KeyLengths::Random;
+    SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
+    CaseData data(s, dtype, 29);
+    const cpu::ReferenceResult ref = data.reference();
+    AttentionConfig config;
+    config.plan = parse_plan_overrides("off=amx");  // (float16 items on AMX tiles stage their own rows)
+    const Outcome ahead = run_and_measure(data, ref, config);
+    EXPECT_NE(ahead.describe.find("next tile's K/V rows prefetched"), std::string::npos) << ahead.describe;
+    EXPECT_LE(ahead.err, testing::tolerance(dtype));
+    EXPECT_EQ(ahead.unwritten, 0);
+    const std::vector<std::byte> bytes = data.output_bytes();
+    config.plan = parse_plan_overrides("off=amx+prefetch-ahead");
+    const Outcome plain = run_and_measure(data, ref, config);
+    EXPECT_EQ(plain.describe.find("prefetched"), std::string::npos) << plain.describe;
+    EXPECT_TRUE(data.output_bytes() == bytes);
+  }
+}
+
 // A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score
 // poisons only its own row.
 TEST(FewRows, NonFiniteValuesStayInTheirRows) {

@@ -39,7 +39,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"amx", "the CPU's AMX bfloat16 tiles for the tiled kernel's products (its SIMD float32 path runs)"},
       {"widened-kv", "the tiled kernel's per-thread widened (or AMX-staged) copy of a K/V head (each item widens or stages its own tiles)"},
       {"prefetch-v", "the few-rows kernel's prefetch of each tile's V rows while its scores run"},
-      {"prefetch-ahead", "the few-rows kernel's prefetch of the next tile's K rows while a tile's scores run"},
+      {"prefetch-ahead", "the CPU's prefetch of the next tile's rows over streaming K/V (few-rows items: K, while a tile's scores run; tiled items: K and V read in place)"},
       {"interleaved-scores", "the few-rows kernel's scores of a wide item's heads in turns by group of keys (each head's whole tile in turn)"},
       {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items (the SIMD float32 products run)"},
       {"rounded-p", "bfloat16 on the CPU's AMX tiles: P rounded to bfloat16 for P V (P's three terms, all 24 bits, instead)"},

@@ -81,6 +81,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.widened_v = job.widened && plan.widened_v;
   job.prefetch_v = plan.prefetch_v;
   job.prefetch_ahead = plan.prefetch_ahead;
+  job.prefetch_tiles = plan.prefetch_tiles;
   job.interleaved_scores = plan.interleaved_scores;
   return job;
 }
@@ -333,6 +334,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.item_chunk = item_chunk(p, plan);
   plan_widened_rows(p, plan);
   plan.widened_keys = widened_keys(p, plan, overrides);
+  plan.prefetch_tiles = plan.prefetch_ahead && plan.group_rows > kFewRows && !plan.amx && plan.widened_keys == 0 &&
+                        p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys,
                                          plan.amx ? p.dtype : DType::f32, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
@@ -349,6 +352,7 @@ std::string describe(const TiledPlan& plan) {
   if (plan.group_rows <= kFewRows && (plan.prefetch_v || plan.prefetch_ahead)) {
     s += ", K/V rows prefetched a tile ahead";
   }
+  if (plan.prefetch_tiles) s += ", the next tile's K/V rows prefetched";
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.amx && plan.f16_terms) s += " (float16 as two bfloat16 terms)";
   if (plan.amx) s += plan.p_terms == 1 ? ", P rounded to bfloat16" : ", P as three bfloat16 terms";

@@ -642,15 +642,13 @@ void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max
   }
 }
 
-// The K and V rows of keys [k0, k1), asked for ahead of their tile (float K/V read from the tensors, not from a
-// widened copy, where the call's K/V streams from memory: TiledPlan::prefetch_ahead). Rows of a positions-first
-// tensor lie a few KB apart, a page per few keys, which the hardware prefetchers do not follow.
+// The K and V rows of keys [k0, k1), asked for ahead of their tile (float K/V read from the tensors where the
+// call's K/V streams from memory: TiledPlan::prefetch_tiles). Rows of a positions-first tensor lie a few KB apart,
+// a page per few keys, which the hardware prefetchers do not follow.
 void prefetch_tile_rows(const ItemJob& job, std::int64_t k0, std::int64_t k1) {
+  if (!job.prefetch_tiles) return;
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
-  if (!job.prefetch_ahead || job.widened || p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float) {
-    return;
-  }
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
   for (std::int64_t key = k0; key < k1; ++key) {
     prefetch_row(static_cast<const char*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key) * es,

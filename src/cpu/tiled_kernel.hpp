@@ -56,6 +56,9 @@ struct TiledPlan {
   bool prefetch_v = false;
   bool prefetch_ahead = false;
   bool interleaved_scores = false;  // wide few-rows items: heads' scores in turns by group of keys (few_rows_kernel)
+  // Tiled items reading float K/V in place over streaming K/V (prefetch_ahead, no widened copy, no AMX) ask for
+  // the next tile's K and V rows as they load a tile (tiled_kernel.cpp, prefetch_tile_rows).
+  bool prefetch_tiles = false;
   // > 0: each thread keeps one K/V head's widened (dequantized, copied) keys, or their AMX operands, for the row
   // blocks it runs of that head (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;

@@ -87,6 +87,7 @@ struct ItemJob {
   bool widened_v = false;
   bool prefetch_v = false;      // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)
   bool prefetch_ahead = false;  // few-rows items: prefetch the next tile's K rows (TiledPlan::prefetch_ahead)
+  bool prefetch_tiles = false;  // tiled items: prefetch the next tile's K/V rows (TiledPlan::prefetch_tiles)
   bool interleaved_scores = false;  // wide few-rows items: heads' scores in turns by key group (TiledPlan::...)
 };
 
