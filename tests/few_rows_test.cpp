@@ -1,4 +1,4 @@
-// The CPU kernel's few-rows items (at most 4 rows per K/V head: decode steps, one-token cross-attention,
+// The CPU kernel's few-rows items (at most 8 rows per K/V head: decode steps, one-token cross-attention,
 // grouped heads of one query) against the float64 reference: every element type, head dims around the vector
 // widths, key counts around the 4-key groups and the 64-key tiles, split and unsplit, masks, softcap, windows,
 // key lengths, sinks, layouts; and bit-identical bytes over thread counts.
@@ -20,8 +20,9 @@ std::vector<std::pair<CaseSpec, DType>> few_rows_cases() {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   const std::int64_t dims[] = {1, 5, 16, 17, 32, 64, 100, 128};
   const std::int64_t keys[] = {1, 3, 4, 5, 63, 64, 65, 130, 700, 1500};
-  // (heads, kv_heads, q_len): 1 to 4 rows per K/V head.
-  const std::int64_t groups[][3] = {{2, 2, 1}, {4, 2, 1}, {6, 2, 1}, {8, 2, 1}, {3, 3, 2}, {2, 1, 2}, {1, 1, 4}, {1, 1, 3}};
+  // (heads, kv_heads, q_len): 1 to 4 rows per K/V head, and 5 to 8 (two halves of rows per tile).
+  const std::int64_t groups[][3] = {{2, 2, 1}, {4, 2, 1}, {6, 2, 1}, {8, 2, 1},  {3, 3, 2},
+                                    {2, 1, 2}, {1, 1, 4}, {1, 1, 3}, {14, 2, 1}, {16, 2, 1}, {3, 1, 2}};
   int n = 0;
   for (const auto& g : groups) {
     for (std::int64_t d : dims) {

@@ -1,4 +1,4 @@
-// The CPU kernel's item for few query rows (at most kFewRows: a decode step, one query per head of a K/V group,
+// The CPU kernel's item for few query rows (at most kMaxFewRows: a decode step, one query per head of a K/V group,
 // or cross-attention of one token). With rows across SIMD lanes (tiled_kernel.cpp) most lanes would idle, so
 // this item runs the other way round:
 // - scores: dot products along the head dim, four keys at a time, their four sums reduced together;
@@ -226,10 +226,10 @@ HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T*
 
 // The rows of one item: where each query lives, which keys of the item's range it sees.
 struct RowsSetup {
-  std::int64_t head[kFewRows];
-  std::int64_t query[kFewRows];
-  std::int64_t begin[kFewRows];
-  std::int64_t end[kFewRows];
+  std::int64_t head[kMaxFewRows];
+  std::int64_t query[kMaxFewRows];
+  std::int64_t begin[kMaxFewRows];
+  std::int64_t end[kMaxFewRows];
   std::int64_t union_begin;
   std::int64_t union_end;
 };
@@ -421,21 +421,23 @@ class TileSteps {
     }
   }
 
-  // The scores of the tile's keys [j, j + count), asking for pf's rows along the way.
+  // The scores of the tile's keys [j, j + count), asking for pf's rows along the way: rows in halves of at most
+  // kFewRows (the micro-kernels' registers), the second half's K rows from the caches.
   void score_keys(const TileRows& t, std::int64_t j, std::int64_t count, const RowPrefetch& pf) const {
-    if (bf16_dot_) {
-      score_tile_bf16_dpbf16(q_bf16_, R, p_.head_dim, reinterpret_cast<const std::uint16_t* const*>(t.krows + j),
-                             count, pf, w_.st + j, kKeyTile);
-    } else {
-      score_tile<R>(w_.qrows, p_.head_dim, t.krows + j, count, pf, w_.st + j);
-    }
+    score_half<kFirstHalf>(0, t, j, count, pf);
+    if constexpr (R > kFewRows) score_half<R - kFewRows>(kFewRows, t, j, count, RowPrefetch{});
   }
 
-  // The tile's softmax and P V, after its scores.
+  // The tile's softmax and P V, after its scores (P V in the same halves of rows).
   void finish_tile(const TileRows& t) const {
     bool zero_weights = false;
     for (int r = 0; r < R; ++r) zero_weights |= softmax_row(job_, rs_, r, t.k0, t.n, w_.st + r * kKeyTile);
-    value_tile<R>(w_.st, t.n, t.vrows, p_.v_head_dim, w_.alpha, zero_weights, w_.orows);
+    const std::int64_t dv = p_.v_head_dim;
+    value_tile<kFirstHalf>(w_.st, t.n, t.vrows, dv, w_.alpha, zero_weights, w_.orows);
+    if constexpr (R > kFewRows) {
+      value_tile<R - kFewRows>(w_.st + kFewRows * kKeyTile, t.n, t.vrows, dv, w_.alpha + kFewRows, zero_weights,
+                               w_.orows + kFewRows * dv);
+    }
   }
 
  private:
@@ -462,6 +464,20 @@ class TileSteps {
     pf.bytes[list] = width * static_cast<std::int64_t>(sizeof(T));
   }
 
+  static constexpr int kFirstHalf = R < kFewRows ? R : kFewRows;
+
+  // Scores of H rows from row r0.
+  template <int H>
+  void score_half(int r0, const TileRows& t, std::int64_t j, std::int64_t count, const RowPrefetch& pf) const {
+    float* s = w_.st + r0 * kKeyTile + j;
+    if (bf16_dot_) {
+      score_tile_bf16_dpbf16(q_bf16_ + r0, H, p_.head_dim, reinterpret_cast<const std::uint16_t* const*>(t.krows + j),
+                             count, pf, s, kKeyTile);
+    } else {
+      score_tile<H>(w_.qrows + r0 * p_.head_dim, p_.head_dim, t.krows + j, count, pf, s);
+    }
+  }
+
   const ItemJob& job_;
   const RowsSetup& rs_;
   const AttentionProblem& p_;
@@ -471,7 +487,7 @@ class TileSteps {
   const float* k_scales_;
   const float* v_scales_;
   const bool bf16_dot_;
-  const std::uint16_t* q_bf16_[kFewRows] = {};
+  const std::uint16_t* q_bf16_[kMaxFewRows] = {};
 };
 
 template <int R, class T>
@@ -545,7 +561,11 @@ void run_typed(const ItemJob& job, const RowsSetup& rs) {
     case 1: run_rows<1, T>(job, rs); break;
     case 2: run_rows<2, T>(job, rs); break;
     case 3: run_rows<3, T>(job, rs); break;
-    default: run_rows<4, T>(job, rs); break;
+    case 4: run_rows<4, T>(job, rs); break;
+    case 5: run_rows<5, T>(job, rs); break;
+    case 6: run_rows<6, T>(job, rs); break;
+    case 7: run_rows<7, T>(job, rs); break;
+    default: run_rows<8, T>(job, rs); break;
   }
 }
 

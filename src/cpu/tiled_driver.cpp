@@ -93,7 +93,7 @@ void merge_partials(const TiledPlan& plan, std::int64_t rows, std::int64_t dv, c
   const std::size_t stride = static_cast<std::size_t>(plan.kv_heads_per_item) * plan.partial_bytes / sizeof(float);
   // (A few-rows item's partial holds its rows row-major, save_partial's layout: folded in a row-major buffer,
   // moved into the [dim][lane] layout once.)
-  const bool few = rows <= kFewRows;
+  const bool few = rows <= kMaxFewRows;
   for (std::int64_t r = 0; r < rows; ++r) {
     float max = core::kNegInf;
     float sum = 0.0f;
@@ -183,11 +183,11 @@ std::size_t partial_floats(std::int64_t v_head_dim) {
 void save_partial(const Workspace& w, std::int64_t rows, std::int64_t v_head_dim, float* partial) {
   // The merge reads only the item's rows; lanes past them carry whatever they hold. (A head of a wide few-rows
   // item passes a view whose lanes start inside the workspace's: only its rows are read then.)
-  const std::size_t state_lanes = static_cast<std::size_t>(rows > kFewRows ? kRowBlock : rows);
+  const std::size_t state_lanes = static_cast<std::size_t>(rows > kMaxFewRows ? kRowBlock : rows);
   std::memcpy(partial, w.max, state_lanes * sizeof(float));
   std::memcpy(partial + kRowBlock, w.sum, state_lanes * sizeof(float));
   std::memcpy(partial + 2 * kRowBlock, w.poison, state_lanes * sizeof(float));
-  if (rows > kFewRows) {  // one contiguous copy: per-row copies of many lanes cost more in calls than in bytes
+  if (rows > kMaxFewRows) {  // one contiguous copy: per-row copies of many lanes cost more in calls than in bytes
     std::memcpy(partial + 3 * kRowBlock, w.ot, static_cast<std::size_t>(v_head_dim * kRowBlock) * sizeof(float));
     return;
   }
@@ -253,7 +253,7 @@ void plan_widened_rows(const AttentionProblem& p, TiledPlan& plan) {
 
 std::int64_t widened_keys(const AttentionProblem& p, const TiledPlan& plan, const PlanOverrides& overrides) {
   if (overrides.is_off("widened-kv")) return 0;
-  if (plan.group_rows <= kFewRows || (plan.row_blocks < kMinRowBlocksForWidened && plan.item_chunk < 2) ||
+  if (plan.group_rows <= kMaxFewRows || (plan.row_blocks < kMinRowBlocksForWidened && plan.item_chunk < 2) ||
       !(plan.widened_k || plan.widened_v || plan.amx)) {
     return 0;
   }
@@ -306,7 +306,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
                              (padded_keys - p.k_len) * 16 <= p.k_len;
   const bool amx_dtype = p.dtype == DType::bf16 || (p.dtype == DType::f16 && f16_tiles_pay);
   plan.amx = amx_dtype && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
-             plan.group_rows > kFewRows && !overrides.is_off("amx") && amx::available();
+             plan.group_rows > kMaxFewRows && !overrides.is_off("amx") && amx::available();
   // P rounded to the element type for P V, as on the CUDA tensor cores (bfloat16); float16's 11 bits take all of
   // P's (the tiles hold bfloat16 only).
   plan.p_terms = p.dtype == DType::bf16 && !overrides.is_off("rounded-p") ? 1 : amx::kMaxProbabilityTerms;
@@ -317,7 +317,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   // is read across the heads at once; on K/V that stays in the caches the turns cost more than they save (Whisper's
   // decoder step 0.87x), bench/results/cpu-paged-nhd-2026-12-05-xeon.md.
   plan.interleaved_scores = streams && !overrides.is_off("interleaved-scores");
-  plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kFewRows &&
+  plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kMaxFewRows &&
                   !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
   const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
@@ -334,7 +334,7 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.item_chunk = item_chunk(p, plan);
   plan_widened_rows(p, plan);
   plan.widened_keys = widened_keys(p, plan, overrides);
-  plan.prefetch_tiles = plan.prefetch_ahead && plan.group_rows > kFewRows && !plan.amx && plan.widened_keys == 0 &&
+  plan.prefetch_tiles = plan.prefetch_ahead && plan.group_rows > kMaxFewRows && !plan.amx && plan.widened_keys == 0 &&
                         p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys,
                                          plan.amx ? p.dtype : DType::f32, nullptr);
@@ -348,8 +348,8 @@ std::string describe(const TiledPlan& plan) {
   std::string s = "cpu.tiled[" + simd_target_name() + "] " + std::to_string(plan.items) + " items of " +
                   std::to_string(kRowBlock) + " rows x " + std::to_string(kKeyTile) + "-key tiles, " +
                   std::to_string(plan.threads) + " threads";
-  if (plan.group_rows <= kFewRows) s += ", few-rows items (dot products along the head dim)";
-  if (plan.group_rows <= kFewRows && (plan.prefetch_v || plan.prefetch_ahead)) {
+  if (plan.group_rows <= kMaxFewRows) s += ", few-rows items (dot products along the head dim)";
+  if (plan.group_rows <= kMaxFewRows && (plan.prefetch_v || plan.prefetch_ahead)) {
     s += ", K/V rows prefetched a tile ahead";
   }
   if (plan.prefetch_tiles) s += ", the next tile's K/V rows prefetched";
@@ -397,7 +397,7 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     }
     if (job.kv_span > 1) {
       run_few_rows_wide_dispatched(job);
-    } else if (job.rows <= kFewRows) {
+    } else if (job.rows <= kMaxFewRows) {
       run_few_rows_dispatched(job);
     } else {
       run_item_dispatched(job);

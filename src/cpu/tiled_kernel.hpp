@@ -26,7 +26,11 @@ namespace attnkit::cpu {
 
 inline constexpr std::int64_t kRowBlock = 64;  // query rows (SIMD lanes) per work item
 inline constexpr std::int64_t kKeyTile = 64;   // keys per blockwise-summed tile
-inline constexpr int kFewRows = 4;              // items with at most this many rows run the decode micro-kernels
+inline constexpr int kFewRows = 4;              // rows per K/V head of a wide few-rows item; the micro-kernels' rows
+// Items of one K/V head with at most this many rows run the few-rows kernel, in halves of at most kFewRows rows per
+// tile (the second half reads the tile's K/V rows from the caches): a decode step of 5-8 query heads per K/V head
+// (Qwen2's 7, Llama-3-70B's 8) reads its cache once, where the tiled kernel's 16-row lanes were half empty.
+inline constexpr int kMaxFewRows = 2 * kFewRows;
 inline constexpr int kMaxKvHeadsPerItem = static_cast<int>(kRowBlock) / kFewRows;  // a wide few-rows item's most
 
 struct TiledPlan {
