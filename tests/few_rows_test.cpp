@@ -180,60 +180,63 @@ TEST(FewRows, ItemsOverSeveralInterleavedHeads) {
   EXPECT_GT(wide_split, 6) << "items over several K/V heads with split keys are covered";
 }
 
-// K/V that streams from memory (past the prefetch threshold: 4-16 MiB): a wide item's heads score in turns by group
-// of keys (TiledPlan::interleaved_scores). Against the reference, and the same bytes as with each head's whole tile
-// in turn (off=interleaved-scores).
+// A positions-first causal case whose K/V streams from memory (past the prefetch threshold: 4-16 MiB), with key
+// lengths that end mid-tile.
+CaseSpec streaming_case(const char* name, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                        std::int64_t q_len, std::int64_t k_len) {
+  CaseSpec s;
+  s.name = name;
+  s.batch = batch, s.heads = heads, s.kv_heads = kv_heads, s.q_len = q_len, s.k_len = k_len, s.head_dim = 128;
+  s.layout = LayoutKind::PositionsFirst;
+  s.causal = true;
+  s.key_lengths = KeyLengths::Random;
+  return s;
+}
+
+// A plan feature that must not change the bits: `data` under `base` overrides matches the reference with every
+// output written and its plan says `phrase`; with `feature` left out too, the same bytes and the phrase is gone.
+// Returns the second plan's description.
+std::string expect_feature_keeps_the_bits(CaseData& data, DType dtype, AttentionConfig config, const std::string& base,
+                                          const std::string& feature, const std::string& phrase) {
+  const cpu::ReferenceResult ref = data.reference();
+  config.plan = parse_plan_overrides(base);
+  const Outcome with = run_and_measure(data, ref, config);
+  EXPECT_NE(with.describe.find(phrase), std::string::npos) << with.describe;
+  EXPECT_LE(with.err, testing::tolerance(dtype));
+  EXPECT_EQ(with.unwritten, 0);
+  const std::vector<std::byte> bytes = data.output_bytes();
+  config.plan = parse_plan_overrides(base.empty() ? "off=" + feature : base + "+" + feature);
+  const Outcome without = run_and_measure(data, ref, config);
+  EXPECT_EQ(without.describe.find(phrase), std::string::npos) << without.describe;
+  EXPECT_TRUE(data.output_bytes() == bytes);
+  return without.describe;
+}
+
+// A wide item's heads score in turns by group of keys (TiledPlan::interleaved_scores): against the reference, and
+// the same bytes as with each head's whole tile in turn (off=interleaved-scores).
 TEST(FewRows, WideItemsOverStreamingKeysScoreTheirHeadsInTurns) {
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-    CaseSpec s;
-    s.name = "interleaved_scores";
-    s.batch = 3, s.heads = 16, s.kv_heads = 8, s.q_len = 2, s.k_len = 2100, s.head_dim = 128;  // >= 25 MB of K/V
-    s.layout = LayoutKind::PositionsFirst;
-    s.causal = true;
-    s.key_lengths = KeyLengths::Random;
+    const CaseSpec s = streaming_case("interleaved_scores", 3, 16, 8, 2, 2100);  // >= 25 MB of K/V
     SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
     CaseData data(s, dtype, 23);
-    const cpu::ReferenceResult ref = data.reference();
     AttentionConfig config;
     config.threads = 1;  // (one thread: all 8 K/V heads of an entry in one item)
-    const Outcome turns = run_and_measure(data, ref, config);
-    EXPECT_NE(turns.describe.find("scores in turns"), std::string::npos) << turns.describe;
-    EXPECT_LE(turns.err, testing::tolerance(dtype));
-    EXPECT_EQ(turns.unwritten, 0);
-    const std::vector<std::byte> bytes = data.output_bytes();
-    config.plan = parse_plan_overrides("off=interleaved-scores");
-    const Outcome whole = run_and_measure(data, ref, config);
-    EXPECT_EQ(whole.describe.find("scores in turns"), std::string::npos) << whole.describe;
-    EXPECT_NE(whole.describe.find("K/V heads per item"), std::string::npos) << whole.describe;
-    EXPECT_TRUE(data.output_bytes() == bytes);
+    const std::string whole =
+        expect_feature_keeps_the_bits(data, dtype, config, "", "interleaved-scores", "scores in turns");
+    EXPECT_NE(whole.find("K/V heads per item"), std::string::npos) << whole;
   }
 }
 
 // A tiled item (more rows than the few-rows kernel's: a verify step's 5 tokens x 4 heads) over streaming K/V read
 // in place asks for its next tile's K/V rows (TiledPlan::prefetch_tiles): against the reference, and the same bytes
-// as without (off=prefetch-ahead), with key lengths that end mid-tile.
+// as without (off=prefetch-ahead).
 TEST(FewRows, TiledItemsOverStreamingKeysPrefetchTheNextTile) {
   for (DType dtype : {DType::f32, DType::f16}) {
-    CaseSpec s;
-    s.name = "prefetch_tiles";
-    s.batch = 2, s.heads = 16, s.kv_heads = 4, s.q_len = 5, s.k_len = 4100, s.head_dim = 128;  // >= 16 MiB of K/V
-    s.layout = LayoutKind::PositionsFirst;
-    s.causal = true;
-    s.key_lengths = KeyLengths::Random;
+    const CaseSpec s = streaming_case("prefetch_tiles", 2, 16, 4, 5, 4100);  // >= 16 MiB of K/V
     SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
     CaseData data(s, dtype, 29);
-    const cpu::ReferenceResult ref = data.reference();
-    AttentionConfig config;
-    config.plan = parse_plan_overrides("off=amx");  // (float16 items on AMX tiles stage their own rows)
-    const Outcome ahead = run_and_measure(data, ref, config);
-    EXPECT_NE(ahead.describe.find("next tile's K/V rows prefetched"), std::string::npos) << ahead.describe;
-    EXPECT_LE(ahead.err, testing::tolerance(dtype));
-    EXPECT_EQ(ahead.unwritten, 0);
-    const std::vector<std::byte> bytes = data.output_bytes();
-    config.plan = parse_plan_overrides("off=amx+prefetch-ahead");
-    const Outcome plain = run_and_measure(data, ref, config);
-    EXPECT_EQ(plain.describe.find("prefetched"), std::string::npos) << plain.describe;
-    EXPECT_TRUE(data.output_bytes() == bytes);
+    // (off=amx: float16 items on AMX tiles stage their own rows)
+    expect_feature_keeps_the_bits(data, dtype, AttentionConfig{}, "off=amx", "prefetch-ahead", "prefetched");
   }
 }
 
