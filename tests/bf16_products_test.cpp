@@ -28,7 +28,7 @@ constexpr float kInfinity = std::numeric_limits<float>::infinity();
 std::vector<CaseSpec> amx_cases() {
   std::vector<CaseSpec> out;
   const std::int64_t dims[] = {1, 8, 31, 32, 40, 64, 96, 128, 200, 256};
-  const std::int64_t keys[] = {1, 5, 64, 65, 128, 1000};
+  const std::int64_t keys[] = {1, 5, 63, 64, 65, 127, 300};
   // (heads, kv_heads, q_len)
   const std::int64_t groups[][3] = {{2, 2, 70}, {8, 2, 20}, {4, 4, 9}, {3, 1, 130}};
   int n = 0;
@@ -69,7 +69,7 @@ AttentionConfig without_amx() { return with_overrides("off=amx"); }
 // head dims 17 to 64 and keys that fill whole 64-key tiles but for at most 1/16 (the plan's rule): those cases
 // must.
 TEST(Amx, MatchesTheReferenceOnBothPaths) {
-  int on_amx = 0, expected = 0;
+  int on_amx = 0, expected = 0, f16_expected = 0;
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (const CaseSpec& spec : amx_cases()) {
       SCOPED_TRACE(spec_string(spec) + " " + std::string(dtype_name(dtype)));
@@ -88,6 +88,7 @@ TEST(Amx, MatchesTheReferenceOnBothPaths) {
         EXPECT_EQ(o.describe.find("P rounded to bfloat16") != std::string::npos, rounded_p) << o.describe;
         on_amx += took_amx;
         expected += amx && f16_rule;
+        f16_expected += amx && f16_rule && dtype == DType::f16;
         EXPECT_LE(o.err, testing::tolerance(dtype)) << o.describe;
         EXPECT_LE(o.lse_err, rounded_p ? cpu_lse_tolerance(dtype) : kLseTolerance) << o.describe;
         EXPECT_TRUE(o.gaps_untouched);
@@ -96,7 +97,7 @@ TEST(Amx, MatchesTheReferenceOnBothPaths) {
     }
   }
   if (cpu::amx::available()) EXPECT_EQ(on_amx, expected);
-  EXPECT_GT(expected, 2 * static_cast<int>(amx_cases().size()) + 20) << "float16 cases on the tiles are covered";
+  EXPECT_GE(f16_expected, 20) << "float16 cases on the tiles are covered (63 and 127 keys: a partial last tile)";
 }
 
 TEST(Amx, ThreadCountsAndCutCallsKeepTheBits) {
