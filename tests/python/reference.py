@@ -53,3 +53,12 @@ def scaled_error(out, ref):
     if not finite.any():
         return 0.0
     return float(np.abs(out[finite] - ref[finite]).max() / max(np.abs(ref[finite]).max(), 1e-30))
+
+
+def paged_entry_kv(k_pages, v_pages, table, b, length, page_size, kv_layout):
+    """Entry b's first `length` K and V rows out of NHD or HND pages through its block table, as [Hkv, length, D]."""
+    rows = [table[b, j // page_size] for j in range(length)]
+    at = [j % page_size for j in range(length)]
+    if kv_layout == "nhd":
+        return k_pages[rows, at].transpose(1, 0, 2), v_pages[rows, at].transpose(1, 0, 2)
+    return k_pages[rows, :, at].transpose(1, 0, 2), v_pages[rows, :, at].transpose(1, 0, 2)

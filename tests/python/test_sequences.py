@@ -6,7 +6,7 @@ import pytest
 
 import attnkit
 from conftest import CPU_LSE_TOLERANCE, DTYPES, TOLERANCE, np_dtype
-from reference import attention_ref, scaled_error
+from reference import attention_ref, paged_entry_kv, scaled_error
 
 
 def _lengths(rng, n, longest):
@@ -63,12 +63,7 @@ def test_paged_decode_and_chunks_match_dense(rng, randn, page_size, kv_layout):
                           kv_layout=kv_layout)
     assert o.shape == (B, H, Sq, D)
     for b in range(B):
-        rows = [table[b, j // page_size] for j in range(k_lens[b])]
-        at = [j % page_size for j in range(k_lens[b])]
-        if kv_layout == "nhd":
-            kd, vd = k_pages[rows, at].transpose(1, 0, 2), v_pages[rows, at].transpose(1, 0, 2)
-        else:
-            kd, vd = k_pages[rows, :, at].transpose(1, 0, 2), v_pages[rows, :, at].transpose(1, 0, 2)
+        kd, vd = paged_entry_kv(k_pages, v_pages, table, b, k_lens[b], page_size, kv_layout)
         ref, _ = attention_ref(q[b:b + 1], kd[None], vd[None], causal=True)
         assert scaled_error(o[b:b + 1], ref) <= TOLERANCE["float16"], f"entry {b}"
 

@@ -7,7 +7,7 @@ import pytest
 
 import attnkit
 from conftest import DTYPES, TOLERANCE
-from reference import attention_ref, scaled_error
+from reference import attention_ref, paged_entry_kv, scaled_error
 
 pytestmark = pytest.mark.skipif("vulkan" not in attnkit.available_backends(), reason="no Vulkan device")
 
@@ -74,12 +74,7 @@ def test_vulkan_paged_attention_matches_dense(rng, randn, page_size, kv_layout):
     o = attnkit.attention(q, k_pages, v_pages, block_table=table, key_lengths=k_lens.astype(np.int32), causal=True,
                           kv_layout=kv_layout, backend="vulkan")
     for b in range(B):
-        rows = [table[b, j // page_size] for j in range(k_lens[b])]
-        at = [j % page_size for j in range(k_lens[b])]
-        if kv_layout == "nhd":
-            kd, vd = k_pages[rows, at].transpose(1, 0, 2), v_pages[rows, at].transpose(1, 0, 2)
-        else:
-            kd, vd = k_pages[rows, :, at].transpose(1, 0, 2), v_pages[rows, :, at].transpose(1, 0, 2)
+        kd, vd = paged_entry_kv(k_pages, v_pages, table, b, k_lens[b], page_size, kv_layout)
         ref, _ = attention_ref(q[b:b + 1], kd[None], vd[None], causal=True)
         assert scaled_error(o[b:b + 1], ref) <= TOLERANCE["float16"], f"entry {b}"
 
