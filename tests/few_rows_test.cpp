@@ -240,6 +240,18 @@ TEST(FewRows, TiledItemsOverStreamingKeysPrefetchTheNextTile) {
   }
 }
 
+// Tiled items over more Q/K/V/O than a thread's L2 (BERT-size prefill, K/V copied into the thread's widened head)
+// ask for the rows of the next tile they copy and of the item the thread runs next (TiledPlan::prefetch_items):
+// against the reference, and the same bytes as without (off=prefetch-items).
+TEST(FewRows, TiledItemsLargerThanTheL2FetchTheNextItemsRowsEarly) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const CaseSpec s = streaming_case("prefetch_items", 2, 12, 12, 300, 300);  // 7-15 MB of Q, K, V and O
+    SCOPED_TRACE(spec_string(s) + " " + std::string(dtype_name(dtype)));
+    CaseData data(s, dtype, 31);
+    expect_feature_keeps_the_bits(data, dtype, AttentionConfig{}, "", "prefetch-items", "fetched early");
+  }
+}
+
 // A NaN in one key's V row reaches only the rows that see that key (a zero weight skips it), and a NaN score
 // poisons only its own row.
 TEST(FewRows, NonFiniteValuesStayInTheirRows) {

@@ -40,6 +40,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"widened-kv", "the tiled kernel's per-thread widened (or AMX-staged) copy of a K/V head (each item widens or stages its own tiles)"},
       {"prefetch-v", "the few-rows kernel's prefetch of each tile's V rows while its scores run"},
       {"prefetch-ahead", "the CPU's prefetch of the next tile's rows over streaming K/V (few-rows items: K, while a tile's scores run; tiled items: K and V read in place)"},
+      {"prefetch-items", "the CPU tiled items' early requests for the next tile they copy and the next item's rows (calls larger than a thread's L2)"},
       {"interleaved-scores", "the few-rows kernel's scores of a wide item's heads in turns by group of keys (each head's whole tile in turn)"},
       {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items (the SIMD float32 products run)"},
       {"rounded-p", "bfloat16 on the CPU's AMX tiles: P rounded to bfloat16 for P V (P's three terms, all 24 bits, instead)"},

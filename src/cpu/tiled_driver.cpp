@@ -82,6 +82,7 @@ ItemJob make_job(const AttentionProblem& p, const AttentionArgs& a, const core::
   job.prefetch_v = plan.prefetch_v;
   job.prefetch_ahead = plan.prefetch_ahead;
   job.prefetch_tiles = plan.prefetch_tiles;
+  job.prefetch_items = plan.prefetch_items;
   job.interleaved_scores = plan.interleaved_scores;
   return job;
 }
@@ -285,6 +286,21 @@ double min_prefetched_bytes() {
   }();
   return bytes;
 }
+// Q, K, V and O of a call, in bytes (double: no overflow).
+double call_bytes(const AttentionProblem& p) {
+  const double es = static_cast<double>(dtype_size(p.dtype));
+  const double rows = static_cast<double>(p.batch) * static_cast<double>(p.heads) * static_cast<double>(p.q_len);
+  return kv_bytes(p) + rows * static_cast<double>(p.head_dim + p.v_head_dim) * es;
+}
+// A core's L2 (1 MiB where the OS does not say). A call whose share per thread fits it runs from the caches from
+// call to call, and there the tiled items' prefetches only cost (1-2% on BERT-base at batch 1).
+double l2_bytes() {
+  static const double bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<double>(l2) : static_cast<double>(1 << 20);
+  }();
+  return bytes;
+}
 }  // namespace
 
 TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides& overrides) {
@@ -336,6 +352,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   plan.widened_keys = widened_keys(p, plan, overrides);
   plan.prefetch_tiles = plan.prefetch_ahead && plan.group_rows > kMaxFewRows && !plan.amx && plan.widened_keys == 0 &&
                         p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float;
+  plan.prefetch_items = plan.group_rows > kMaxFewRows && call_bytes(p) / plan.threads > l2_bytes() &&
+                        !overrides.is_off("prefetch-items");
   plan.workspace_bytes = carve_workspace(nullptr, p.head_dim, p.v_head_dim, plan.widened_keys,
                                          plan.amx ? p.dtype : DType::f32, nullptr);
   plan.partial_bytes = plan.splits > 1 ? align_up(partial_floats(p.v_head_dim) * sizeof(float)) : 0;
@@ -353,6 +371,7 @@ std::string describe(const TiledPlan& plan) {
     s += ", K/V rows prefetched a tile ahead";
   }
   if (plan.prefetch_tiles) s += ", the next tile's K/V rows prefetched";
+  if (plan.prefetch_items) s += ", the next item's rows fetched early";
   if (plan.amx) s += ", AMX bfloat16 tiles for the products";
   if (plan.amx && plan.f16_terms) s += " (float16 as two bfloat16 terms)";
   if (plan.amx) s += plan.p_terms == 1 ? ", P rounded to bfloat16" : ", P as three bfloat16 terms";
@@ -394,6 +413,13 @@ void run_tiled(const AttentionProblem& p, const AttentionArgs& a, const TiledPla
     if (plan.splits > 1) {  // one slot per head of the item's span
       job.partial = reinterpret_cast<float*>(partials + static_cast<std::size_t>(item * plan.kv_heads_per_item) * plan.partial_bytes);
       job.partial_head_stride = static_cast<std::int64_t>(plan.partial_bytes / sizeof(float));
+    }
+    // (the tiled items' guess of the thread's next item: prefetch_next_item)
+    ItemJob next{};
+    const std::int64_t guess = (item + 1) % plan.item_chunk != 0 ? item + 1 : item + 1 + (plan.threads - 1) * plan.item_chunk;
+    if (plan.prefetch_items && job.rows > kMaxFewRows && job.kv_span == 1 && guess < plan.items) {
+      next = make_job(p, a, seqs, plan, decode_item(p, plan, guess), &w);
+      job.next = &next;
     }
     if (job.kv_span > 1) {
       run_few_rows_wide_dispatched(job);

@@ -642,20 +642,40 @@ void softmax_step(const ItemJob& job, const ItemTiles& it, const float* tile_max
   }
 }
 
-// The K and V rows of keys [k0, k1), asked for ahead of their tile (float K/V read from the tensors where the
-// call's K/V streams from memory: TiledPlan::prefetch_tiles). Rows of a positions-first tensor lie a few KB apart,
-// a page per few keys, which the hardware prefetchers do not follow.
-void prefetch_tile_rows(const ItemJob& job, std::int64_t k0, std::int64_t k1) {
-  if (!job.prefetch_tiles) return;
+// The K and V rows of keys [k0, k1) of the job's head as stored, asked for ahead of their use. Rows of a
+// positions-first tensor lie a few KB apart, a page per few keys, which the hardware prefetchers do not follow.
+void prefetch_source_rows(const ItemJob& job, std::int64_t k0, std::int64_t k1) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  k1 = std::min(k1, job.seq.key_length);
   for (std::int64_t key = k0; key < k1; ++key) {
     prefetch_row(static_cast<const char*>(a.k.data) + job.seqs->key_index(p.k, job.seq, job.b, job.kvh, key) * es,
                  p.head_dim * es);
     prefetch_row(static_cast<const char*>(a.v.data) + job.seqs->key_index(p.v, job.seq, job.b, job.kvh, key) * es,
                  p.v_head_dim * es);
   }
+}
+
+// The next tile's K and V rows (from t0), where they will be read from the tensors: in place over streaming K/V
+// (TiledPlan::prefetch_tiles), or into the thread's widened copy of the head that does not hold them yet.
+void prefetch_next_tile(const ItemJob& job, std::int64_t t0, std::int64_t end) {
+  if (t0 >= end) return;
+  const bool to_widen = job.prefetch_items && job.widened && !job.amx && job.ws->widened_ready[t0 / kKeyTile] == 0;
+  if (job.prefetch_tiles || to_widen) prefetch_source_rows(job, t0, std::min(t0 + kKeyTile, end));
+}
+
+// Under an item's last tile: the query rows of the item the thread runs next, and where that one starts on another
+// head whose rows the thread copies or streams, that head's first tile. (A guess: the next chunk of items may go
+// to another thread; then these lines only cost their bandwidth.)
+void prefetch_next_item(const ItemJob& job) {
+  const ItemJob* next = job.next;
+  if (!job.prefetch_items || next == nullptr || next->rows == 0) return;
+  prefetch_item_rows(*next, false);
+  const bool same_head = next->b == job.b && next->kvh == job.kvh;
+  if (same_head || !(next->widened || next->prefetch_tiles)) return;
+  const std::int64_t t0 = next->key_begin / kKeyTile * kKeyTile;
+  prefetch_source_rows(*next, t0, std::min(t0 + kKeyTile, next->key_end));
 }
 
 // The item's keys on the float32 (or bf16-dot) products, one tile at a time.
@@ -670,9 +690,11 @@ void run_simd_tiles(const ItemJob& job, const ItemTiles& it) {
   for (std::int64_t t0 = first_tile; t0 < it.union_end; t0 += kKeyTile) {
     const std::int64_t k0 = std::max(t0, it.union_begin);
     const std::int64_t n = std::min(t0 + kKeyTile, it.union_end) - k0;
-    if (t0 + kKeyTile >= it.union_end) prefetch_item_rows(job, true);
+    const bool last = t0 + kKeyTile >= it.union_end;
+    if (last) prefetch_item_rows(job, true);
     load_tile_rows(job, it, t0, k0, n);
-    prefetch_tile_rows(job, t0 + kKeyTile, std::min(t0 + 2 * kKeyTile, it.union_end));
+    prefetch_next_tile(job, t0 + kKeyTile, it.union_end);
+    if (last) prefetch_next_item(job);
     if (job.bf16_dot) {
       bf16_dot::scores(w.q_pairs, p.head_dim, w.kbits, n, lanes_used, w.st);
     } else {
@@ -707,7 +729,10 @@ void run_amx_tiles(const ItemJob& job, const ItemTiles& it) {
   amx::begin();
   for (std::int64_t s0 = first_tile; s0 < it.union_end; s0 += kStepKeys) {
     const int tiles = static_cast<int>(std::min(kStepKeys, it.union_end - s0 + kKeyTile - 1) / kKeyTile);
-    if (s0 + kStepKeys >= it.union_end) prefetch_item_rows(job, true);
+    if (s0 + kStepKeys >= it.union_end) {
+      prefetch_item_rows(job, true);
+      prefetch_next_item(job);
+    }
     std::fill(tile_max, tile_max + lanes_used, core::kNegInf);
     for (int g = 0; g < tiles; ++g) {
       const std::int64_t k0 = s0 + g * kKeyTile;

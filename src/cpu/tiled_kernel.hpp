@@ -63,6 +63,10 @@ struct TiledPlan {
   // Tiled items reading float K/V in place over streaming K/V (prefetch_ahead, no widened copy, no AMX) ask for
   // the next tile's K and V rows as they load a tile (tiled_kernel.cpp, prefetch_tile_rows).
   bool prefetch_tiles = false;
+  // Tiled items whose thread's share of the call's Q, K, V and O does not fit its L2 ask for the rows of the next
+  // tile they copy into the thread's widened K/V and, under their last tile, for the query rows (and a new head's
+  // first K/V tile) of the item the thread most likely runs next (tiled_kernel.cpp, prefetch_next_item).
+  bool prefetch_items = false;
   // > 0: each thread keeps one K/V head's widened (dequantized, copied) keys, or their AMX operands, for the row
   // blocks it runs of that head (Workspace::widened_k); the number of keys it has room for.
   std::int64_t widened_keys = 0;

@@ -88,7 +88,11 @@ struct ItemJob {
   bool prefetch_v = false;      // few-rows items: prefetch each tile's V rows (TiledPlan::prefetch_v)
   bool prefetch_ahead = false;  // few-rows items: prefetch the next tile's K rows (TiledPlan::prefetch_ahead)
   bool prefetch_tiles = false;  // tiled items: prefetch the next tile's K/V rows (TiledPlan::prefetch_tiles)
+  bool prefetch_items = false;  // tiled items: prefetch what the next tile copies and the next item reads (TiledPlan)
   bool interleaved_scores = false;  // wide few-rows items: heads' scores in turns by key group (TiledPlan::...)
+  // The item this thread most likely runs next (its chunk's next item, else the one a round of chunks on), or
+  // null: its query rows, and K/V rows where it starts another head, are asked for under this item's last tile.
+  const ItemJob* next = nullptr;
 };
 
 // The SIMD items, dispatched to the best target: rows across lanes (tiled_kernel.cpp), and for items of at most
