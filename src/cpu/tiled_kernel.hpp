@@ -61,7 +61,7 @@ struct TiledPlan {
   bool prefetch_ahead = false;
   bool interleaved_scores = false;  // wide few-rows items: heads' scores in turns by group of keys (few_rows_kernel)
   // Tiled items reading float K/V in place over streaming K/V (prefetch_ahead, no widened copy, no AMX) ask for
-  // the next tile's K and V rows as they load a tile (tiled_kernel.cpp, prefetch_tile_rows).
+  // the next tile's K and V rows as they load a tile (tiled_kernel.cpp, prefetch_next_tile).
   bool prefetch_tiles = false;
   // Tiled items whose thread's share of the call's Q, K, V and O does not fit its L2 ask for the rows of the next
   // tile they copy into the thread's widened K/V and, under their last tile, for the query rows (and a new head's
