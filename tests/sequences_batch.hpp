@@ -455,5 +455,65 @@ void replace_array(ConstBuffer& buffer, std::vector<std::int32_t>& storage, std:
   buffer.data = storage.data();
 }
 
+// One host value of a valid ragged or paged batch made bad, and the argument the Error must name.
+struct BadSequenceValue {
+  std::string argument;
+  BatchSpec spec;
+  std::function<void(AttentionProblem&, AttentionArgs&, std::vector<std::int32_t>&)> change;
+};
+
+// Every backend that checks host values before it writes anything runs the same list (sequences_test.cpp on the
+// CPU, vulkan_sequences_test.cpp on the Vulkan backend).
+std::vector<BadSequenceValue> bad_sequence_values() {
+  using S = std::vector<std::int32_t>;
+  using P = AttentionProblem;
+  using A = AttentionArgs;
+  return {
+      {"cu_seqlens_q[2]", small_ragged(), [](P&, A& a, S& st) { replace_array(a.cu_seqlens_q, st, 2, 2); }},  // < cu[1] = 3
+      {"cu_seqlens_k[2]", small_ragged(), [](P&, A& a, S& st) { replace_array(a.cu_seqlens_k, st, 2, 3); }},  // < cu[1] = 4
+      // (sequence 1 becomes 10 keys long, more than k_len 9)
+      {"cu_seqlens_k[2]", small_ragged(), [](P&, A& a, S& st) { replace_array(a.cu_seqlens_k, st, 1, 0); }},
+      {"cu_seqlens_q[0]", small_ragged(), [](P&, A& a, S& st) { replace_array(a.cu_seqlens_q, st, 0, -1); }},
+      {"cu_seqlens_q[3]", small_ragged(), [](P& p, A&, S&) { p.sequences.total_q = 9; }},  // the last ends at row 10
+      {"cu_seqlens_q", small_ragged(), [](P&, A& a, S&) { a.cu_seqlens_q.elements = 3; }},
+      {"cu_seqlens_q", small_ragged(), [](P&, A& a, S&) { a.cu_seqlens_q.data = nullptr; }},
+      {"cu_seqlens_k", small_ragged(), [](P&, A& a, S&) { a.cu_seqlens_k.data = nullptr; }},
+      // (max_pages_per_seq is 4: entry 4 is sequence 1's first page; entries 1-3, past sequence 0's one page, are
+      // never read and hold -1)
+      {"block_table[4]", small_paged(),
+       [](P& p, A& a, S& st) { replace_array(a.block_table, st, 4, static_cast<std::int32_t>(p.sequences.num_pages)); }},
+      {"block_table[0]", small_paged(), [](P&, A& a, S& st) { replace_array(a.block_table, st, 0, -1); }},
+      {"block_table", small_paged(), [](P&, A& a, S&) { a.block_table.elements -= 1; }},
+      // (past k_len 9, and past the block table's pages)
+      {"key_lengths[1]", small_paged(), [](P&, A& a, S& st) { replace_array(a.key_lengths, st, 1, 10); }},
+      // (pages of no rows, num_pages and max_pages_per_seq still set)
+      {"sequences.page_size", small_paged(), [](P& p, A&, S&) { p.sequences.page_size = 0; }},
+      {"k", small_paged(), [](P&, A& a, S&) { a.k.elements -= 1; }},         // the pages' extent
+      {"o", small_ragged(), [](P&, A& a, S&) { a.o.elements -= 1; }},        // total_q rows
+  };
+}
+
+// Runs a bad value's arguments with `config`; expects an Error naming its argument, and O and the LSE untouched.
+void expect_rejected(const BadSequenceValue& bad, const AttentionConfig& config) {
+  SCOPED_TRACE(bad.argument);
+  const Batch batch(bad.spec, 9);
+  std::vector<std::uint8_t> o = batch.output_buffer();
+  std::vector<float> lse = batch.lse_buffer();
+  const auto o_before = o;
+  const auto lse_before = lse;
+  AttentionProblem p = batch.problem();
+  AttentionArgs a = batch.args(o, lse);
+  std::vector<std::int32_t> storage;
+  bad.change(p, a, storage);
+  try {
+    attention(p, a, config);
+    ADD_FAILURE() << "accepted; expected an Error naming " << bad.argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), bad.argument) << e.what();
+  }
+  EXPECT_EQ(o, o_before) << "O was written before the error";
+  EXPECT_EQ(lse, lse_before) << "the LSE was written before the error";
+}
+
 }  // namespace
 }  // namespace attnkit

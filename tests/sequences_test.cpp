@@ -167,56 +167,10 @@ TEST(Sequences, CutCallsEqualTheWholeCall) {
 
 // ---- bad input: an Error naming the argument, nothing written ----
 
-// Runs `change`d arguments of a valid ragged batch; expects an Error naming `argument` and O untouched.
-template <class Change>
-void expect_rejected(const BatchSpec& s, const std::string& argument, Change change) {
-  const Batch batch(s, 9);
-  std::vector<std::uint8_t> o = batch.output_buffer();
-  std::vector<float> lse = batch.lse_buffer();
-  const std::vector<std::uint8_t> before = o;
-  AttentionProblem p = batch.problem();
-  AttentionArgs a = batch.args(o, lse);
-  std::vector<std::int32_t> storage;
-  change(p, a, storage);
-  try {
-    AttentionConfig c;
-    c.backend = Backend::Cpu;
-    attention(p, a, c);
-    ADD_FAILURE() << "accepted; expected an Error naming " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-  EXPECT_EQ(o, before) << "an output was written before the error";
-}
-
-
 TEST(Sequences, BadHostValuesAreRejectedByNameWithNothingWritten) {
-  using S = std::vector<std::int32_t>;
-  expect_rejected(small_ragged(), "cu_seqlens_q[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_q, st, 2, 2);  // below cu[1] = 3
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_k[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_k, st, 1, 0);  // sequence 1 becomes 10 keys long, more than k_len 9
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_q[0]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_q, st, 0, -1);
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_q[3]", [](AttentionProblem& p, AttentionArgs&, S&) {
-    p.sequences.total_q = 9;  // the last sequence ends at row 10
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_q", [](AttentionProblem&, AttentionArgs& a, S&) { a.cu_seqlens_q.elements = 3; });
-  expect_rejected(small_ragged(), "cu_seqlens_k", [](AttentionProblem&, AttentionArgs& a, S&) { a.cu_seqlens_k.data = nullptr; });
-  // (max_pages_per_seq is 4: entry 4 is sequence 1's first page; entries 1-3, past sequence 0's one page, are
-  // never read and hold -1)
-  expect_rejected(small_paged(), "block_table[4]", [](AttentionProblem& p, AttentionArgs& a, S& st) {
-    replace_array(a.block_table, st, 4, static_cast<std::int32_t>(p.sequences.num_pages));  // past the pages
-  });
-  expect_rejected(small_paged(), "block_table[0]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.block_table, st, 0, -1);
-  });
-  expect_rejected(small_paged(), "block_table", [](AttentionProblem&, AttentionArgs& a, S&) { a.block_table.elements -= 1; });
-  expect_rejected(small_paged(), "k", [](AttentionProblem&, AttentionArgs& a, S&) { a.k.elements -= 1; });  // pages' extent
-  expect_rejected(small_ragged(), "o", [](AttentionProblem&, AttentionArgs& a, S&) { a.o.elements -= 1; });  // total_q rows
+  AttentionConfig c;
+  c.backend = Backend::Cpu;
+  for (const BadSequenceValue& bad : bad_sequence_values()) expect_rejected(bad, c);
 }
 
 TEST(Sequences, BadProblemsAreRejectedByName) {

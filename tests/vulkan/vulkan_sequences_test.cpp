@@ -143,61 +143,8 @@ TEST_F(VulkanSequences, LongPagedDecodeSplitsOnItsOwn) {
 // ---- refusals: an Error naming the argument, nothing written ----
 
 
-// Runs `change`d arguments of a valid batch on the Vulkan backend; expects an Error naming `argument`, and O and
-// the LSE untouched.
-template <class Change>
-void expect_rejected(const BatchSpec& s, const std::string& argument, Change change) {
-  SCOPED_TRACE(argument);
-  const Batch batch(s, 9);
-  std::vector<std::uint8_t> o = batch.output_buffer();
-  std::vector<float> lse = batch.lse_buffer();
-  const auto o_before = o;
-  const auto lse_before = lse;
-  AttentionProblem p = batch.problem();
-  AttentionArgs a = batch.args(o, lse);
-  std::vector<std::int32_t> storage;
-  change(p, a, storage);
-  try {
-    attention(p, a, vulkan_config());
-    ADD_FAILURE() << "accepted; expected an Error naming " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-  EXPECT_EQ(o, o_before) << "O was written before the error";
-  EXPECT_EQ(lse, lse_before) << "the LSE was written before the error";
-}
-
 TEST_F(VulkanSequences, BadHostValuesAreRejectedByNameWithNothingWritten) {
-  using S = std::vector<std::int32_t>;
-  expect_rejected(small_ragged(), "cu_seqlens_q[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_q, st, 2, 2);  // below cu[1] = 3: decreasing
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_k[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_k, st, 2, 3);  // below cu[1] = 4: decreasing
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_k[2]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.cu_seqlens_k, st, 1, 0);  // sequence 1 becomes 10 keys long, more than k_len 9
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_q[3]", [](AttentionProblem& p, AttentionArgs&, S&) {
-    p.sequences.total_q = 9;  // the last sequence ends at row 10
-  });
-  expect_rejected(small_ragged(), "cu_seqlens_q", [](AttentionProblem&, AttentionArgs& a, S&) { a.cu_seqlens_q.data = nullptr; });
-  // (max_pages_per_seq is 4: entry 4 is sequence 1's first page)
-  expect_rejected(small_paged(), "block_table[4]", [](AttentionProblem& p, AttentionArgs& a, S& st) {
-    replace_array(a.block_table, st, 4, static_cast<std::int32_t>(p.sequences.num_pages));  // past the pages
-  });
-  expect_rejected(small_paged(), "block_table[0]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.block_table, st, 0, -1);
-  });
-  expect_rejected(small_paged(), "block_table", [](AttentionProblem&, AttentionArgs& a, S&) { a.block_table.elements -= 1; });
-  expect_rejected(small_paged(), "key_lengths[1]", [](AttentionProblem&, AttentionArgs& a, S& st) {
-    replace_array(a.key_lengths, st, 1, 10);  // past k_len 9 (and past the block table's pages)
-  });
-  expect_rejected(small_paged(), "sequences.page_size", [](AttentionProblem& p, AttentionArgs&, S&) {
-    p.sequences.page_size = 0;  // pages of no rows (num_pages and max_pages_per_seq still set)
-  });
-  expect_rejected(small_paged(), "k", [](AttentionProblem&, AttentionArgs& a, S&) { a.k.elements -= 1; });  // the pages
-  expect_rejected(small_ragged(), "o", [](AttentionProblem&, AttentionArgs& a, S&) { a.o.elements -= 1; });  // total_q rows
+  for (const BadSequenceValue& bad : bad_sequence_values()) expect_rejected(bad, vulkan_config());
 }
 
 // The matrix kernel runs dense batches only: the plan takes rows and says why; forced, it is an Error naming the
