@@ -134,8 +134,17 @@ TEST(Dtype, FloatToHalfSpecialCases) {
   }
 }
 
-#if defined(__FLT16_MAX__)
-// The compiler's _Float16 conversion (IEEE round to nearest even) as a second oracle, on random float bit
+// The compiler's half type: aarch64's __fp16 (GCC 12 has no _Float16 in C++ there), else _Float16.
+#if defined(__aarch64__)
+#define ATTNKIT_TEST_COMPILER_HALF 1
+using CompilerHalf = __fp16;
+#elif defined(__FLT16_MAX__)
+#define ATTNKIT_TEST_COMPILER_HALF 1
+using CompilerHalf = _Float16;
+#endif
+
+#if defined(ATTNKIT_TEST_COMPILER_HALF)
+// The compiler's half conversion (IEEE round to nearest even) as a second oracle, on random float bit
 // patterns (every exponent) and on random values in and near half's range.
 TEST(Dtype, FloatToHalfMatchesTheCompiler) {
   std::mt19937_64 rng(16);
@@ -144,7 +153,7 @@ TEST(Dtype, FloatToHalfMatchesTheCompiler) {
   for (int n = 0; n < 3'000'000; ++n) {
     const float x = n % 3 == 0 ? from_bits(static_cast<std::uint32_t>(rng())) : n % 3 == 1 ? in_range(rng) : small(rng);
     if (std::isnan(x)) continue;
-    const _Float16 h = static_cast<_Float16>(x);
+    const CompilerHalf h = static_cast<CompilerHalf>(x);
     std::uint16_t want;
     std::memcpy(&want, &h, 2);
     ASSERT_EQ(float_to_half_bits(x), want) << x << " bits " << std::hex << bits_of(x);

@@ -37,11 +37,13 @@ std::optional<std::string> better_blas_core(std::string_view detected, CpuIsa is
 }
 
 CpuIsa host_isa() {
-  CpuIsa isa;
+  CpuIsa isa;  // (not x86-64: neither, and OpenBLAS keeps the core it detected)
+#if defined(__x86_64__)
   __builtin_cpu_init();
   isa.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   isa.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
   return isa;
 }
 

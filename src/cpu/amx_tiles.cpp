@@ -3,8 +3,10 @@
 //
 // Only these functions use the tile instructions, through function target attributes: the file is compiled for
 // the baseline ISA, so no inline function it shares with other files gets AMX or AVX-512 code, and nothing here
-// runs unless available() said yes.
+// runs unless available() said yes. Other architectures get available() == false and nothing else runs.
 #include "amx_tiles.hpp"
+
+#if defined(__x86_64__)
 
 // (GCC 12 warns inside its own AVX-512 gather intrinsic in a target-attributed function; see few_rows_bf16.cpp.)
 #if defined(__GNUC__) && !defined(__clang__)
@@ -177,3 +179,20 @@ __attribute__((target("avx512f"))) void transpose_pairs(const std::uint32_t* v_p
 }
 
 }  // namespace attnkit::cpu::amx
+
+#else  // no AMX: the tiled kernel never asks for the tiles (available() is false)
+
+#include <cstdlib>
+
+namespace attnkit::cpu::amx {
+
+bool available() { return false; }
+void begin() { std::abort(); }
+void end() { std::abort(); }
+void scores(const std::uint16_t*, const std::uint16_t*, std::int64_t, float*) { std::abort(); }
+void values(const std::uint16_t* const*, int, int, const std::uint16_t*, int, std::int64_t, float*) { std::abort(); }
+void transpose_pairs(const std::uint32_t*, std::int64_t, std::uint16_t*) { std::abort(); }
+
+}  // namespace attnkit::cpu::amx
+
+#endif
