@@ -138,15 +138,41 @@ TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
   const CudaPlan b64 = plan_of(shape(64, 32, 8, 1, 4096, 128, true));
   EXPECT_EQ(b64.kernel, Kernel::Warpgroup);
   EXPECT_EQ(b64.blocks % (64 * 8), 0);
-  EXPECT_LE(b64.splits, 4);
+  EXPECT_LE(b64.key_ranges(), 4);
   const CudaPlan b8 = plan_of(shape(8, 32, 8, 1, 32768, 128, true));
   EXPECT_EQ(b8.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(b8.splits, 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
+  EXPECT_EQ(b8.key_ranges(), 2) << "64 (batch, K/V head) pairs in two ranges: 128 blocks, 97% of one round";
   // Ranges of whole 128-key tiles: batch 1 x 8 K/V heads over 8192 keys in 16 ranges of 512 (not 15 of 576).
   const CudaPlan b1 = plan_of(shape(1, 32, 8, 1, 8192, 128, true));
   EXPECT_EQ(b1.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(b1.splits, 16);
-  EXPECT_EQ(b1.split_keys, 512);
+  EXPECT_EQ(b1.key_ranges(), 16);
+  EXPECT_EQ(b1.range_keys(), 512);
+}
+
+// A dense decode step's key split runs on the wgmma kernel's plain build as a tail from row block 0 (each block a
+// range that leaves its partial): the same ranges and blocks as the general build's split-k, which keeps problems
+// the plain build does not take (key lengths) and runs under off=plain.
+TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
+  const CudaPlan b1 = plan_of(shape(1, 32, 8, 1, 8192, 128, true));
+  EXPECT_TRUE(b1.plain);
+  EXPECT_TRUE(b1.split_as_tail());
+  EXPECT_EQ(b1.splits, 1);
+  EXPECT_EQ(b1.blocks, 8 * 16);
+  EXPECT_NE(cuda::describe(b1).find("plain"), std::string::npos) << cuda::describe(b1);
+  const CudaPlan general = plan_with(shape(1, 32, 8, 1, 8192, 128, true), "off=plain");
+  EXPECT_FALSE(general.plain);
+  EXPECT_EQ(general.splits, 16);
+  EXPECT_EQ(general.blocks, b1.blocks);
+  AttentionProblem lengths = AttentionProblem::head_first(1, 32, 8, 1, 8192, 128, DType::f16);
+  lengths.causal = true;
+  lengths.has_key_lengths = true;
+  const CudaPlan with_lengths = plan_of(core::normalize_and_check(lengths));
+  EXPECT_FALSE(with_lengths.split_as_tail());
+  EXPECT_EQ(with_lengths.key_ranges(), with_lengths.splits);
+  EXPECT_GT(with_lengths.splits, 1);
+  // Ranges past the plain build's key count (a long cache split in few ranges) keep the general build.
+  const CudaPlan b64 = plan_of(shape(64, 32, 8, 1, 32768, 128, true));
+  EXPECT_FALSE(b64.split_as_tail()) << cuda::describe(b64);
 }
 
 // A split prefill's ranges are whole tiles too: 71 query heads on one K/V head (two 64-row blocks per entry) over
@@ -154,13 +180,13 @@ TEST(CudaPlan, ALongCacheDecodeStreamsOnTheHopperKernelInWholeRounds) {
 TEST(CudaPlan, SplitRangesAreWholeTilesOfTheKernel) {
   const CudaPlan mqa71 = plan_of(shape(32, 71, 1, 1, 2048, 64, true));
   EXPECT_EQ(mqa71.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(mqa71.splits, 4);
-  EXPECT_EQ(mqa71.split_keys, 512);
+  EXPECT_EQ(mqa71.key_ranges(), 4);
+  EXPECT_EQ(mqa71.range_keys(), 512);
   // A forced count is kept where whole tiles make it, and rounded down where they do not (7 tiles in 5 ranges: 4).
-  EXPECT_EQ(plan_with(shape(1, 32, 8, 1, 8192, 128, true), "kernel=wgmma,splits=32").splits, 32);
+  EXPECT_EQ(plan_with(shape(1, 32, 8, 1, 8192, 128, true), "kernel=wgmma,splits=32").key_ranges(), 32);
   const CudaPlan odd = plan_with(shape(1, 32, 8, 1, 896, 128, true), "kernel=wgmma,splits=5");
-  EXPECT_EQ(odd.splits, 4);
-  EXPECT_EQ(odd.split_keys, 256);
+  EXPECT_EQ(odd.key_ranges(), 4);
+  EXPECT_EQ(odd.range_keys(), 256);
 }
 
 // Up to a consumer warpgroup's 64 rows per K/V head over a long cache stream the same way: each K/V tile is read
@@ -169,7 +195,7 @@ TEST(CudaPlan, MultiQueryDecodeReadsEachTileOnceForTheGroupAndFillsTheSms) {
   const CudaPlan mqa = plan_of(shape(16, 32, 1, 1, 16384, 128, true));
   EXPECT_EQ(mqa.kernel, Kernel::Warpgroup);
   EXPECT_EQ(mqa.row_blocks, 1) << "the 32 query heads of the one K/V head in one block";
-  EXPECT_EQ(mqa.splits, 8) << "16 (batch, K/V head) pairs in eight ranges: 128 blocks, 97% of one round";
+  EXPECT_EQ(mqa.key_ranges(), 8) << "16 (batch, K/V head) pairs in eight ranges: 128 blocks, 97% of one round";
   const CudaPlan chunk = plan_of(shape(8, 32, 8, 8, 16384, 128, true));  // 8 speculative tokens x 4 heads a group
   EXPECT_EQ(chunk.kernel, Kernel::Warpgroup);
   EXPECT_EQ(chunk.row_blocks, 1);
@@ -177,7 +203,7 @@ TEST(CudaPlan, MultiQueryDecodeReadsEachTileOnceForTheGroupAndFillsTheSms) {
   // A d64 group of 64 rows: one streaming block per SM (two per SM read the cache no faster).
   const CudaPlan d64 = plan_of(shape(16, 64, 1, 1, 16384, 64, true));
   EXPECT_EQ(d64.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(d64.splits, 8);
+  EXPECT_EQ(d64.key_ranges(), 8);
   EXPECT_GE(core::round_fill(d64.blocks, 132), 0.9);
 }
 

@@ -305,18 +305,25 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   params.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
   if (plan.tail_pieces > 1 && !runs_plain(params)) {
     // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
-    // blocks then, with no partial.
-    plan.blocks = plan.tail_block + (plan.blocks - plan.tail_block) / plan.tail_pieces;
+    // blocks then, with no partial; a decode step's split (a tail from the first row block) stays a key split
+    // on the general build, the same blocks and partials.
+    if (plan.tail_block == 0) {
+      plan.splits = plan.tail_pieces;
+      plan.split_keys = plan.tail_piece_keys;
+      plan.plain = false;
+    } else {
+      plan.blocks = plan.tail_block + (plan.blocks - plan.tail_block) / plan.tail_pieces;
+      plan.partial_bytes = 0;
+    }
     plan.tail_block = plan.tail_pieces = plan.tail_piece_keys = 0;
-    plan.partial_bytes = 0;
-    params = make_params(p, a, plan, nullptr);
+    params = make_params(p, a, plan, plan.partial_bytes > 0 ? partial : nullptr);
     if (rotary != nullptr) params.rotary = *rotary;
     params.plain = plan.plain;
     params.entry_faults = entry_faults;
   }
   // The work budget cuts the grid into launches of whole blocks; every block computes the same bits wherever
   // it lands, so a cut call equals the whole call.
-  const std::int64_t block_cost = 4 * plan.row_block * plan.split_keys * p.head_dim;
+  const std::int64_t block_cost = 4 * plan.row_block * plan.range_keys() * p.head_dim;
   std::int64_t per_launch =
       p.work_budget > 0 ? std::max<std::int64_t>(1, p.work_budget / std::max<std::int64_t>(block_cost, 1)) : plan.blocks;
   // Rows that do not start on 16 bytes (an odd base pointer, seen only here): the mma.sync kernel loads float K/V

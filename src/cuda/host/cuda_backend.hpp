@@ -40,8 +40,13 @@ struct CudaPlan {
   // A split tail (the wgmma kernel's plain build): a grid of one-block-per-SM row blocks just past whole waves
   // would end on a last wave of a few SMs; instead the row blocks from tail_block on each run as tail_pieces
   // blocks over key ranges of tail_piece_keys, which fill the SMs as the whole blocks end, and a merge pass
-  // folds their partials. tail_pieces 0: none.
+  // folds their partials. tail_pieces 0: none. A decode step's key split on the plain build is a tail from row
+  // block 0 (splits 1 then: key_ranges() and range_keys() say the split either way).
   std::int64_t tail_block = 0, tail_pieces = 0, tail_piece_keys = 0;
+  // The key ranges every row block runs in, and their keys: the key split's, or a tail's that starts at row block 0.
+  bool split_as_tail() const { return tail_pieces > 1 && tail_block == 0; }
+  std::int64_t key_ranges() const { return split_as_tail() ? tail_pieces : splits; }
+  std::int64_t range_keys() const { return split_as_tail() ? tail_piece_keys : split_keys; }
   // The split's ranges merged inside thread-block clusters of `splits` blocks (the mma.sync kernel on sm_90;
   // cluster_merge.cuh) instead of by the merge pass. The scratch still holds the partials: a run whose
   // pointers send it to the SIMT kernel takes the merge pass.

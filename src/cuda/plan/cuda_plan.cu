@@ -124,14 +124,17 @@ bool kv_rows_want_copies(const AttentionProblem& p, const PlanOverrides& o) {
          slow_rows(p.v, p.v_head_dim);
 }
 
-// Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
-bool plain_shape(const AttentionProblem& p) {
+// Whether the problem's key ranges, however long, have the plain build's shape (a split tail's pieces).
+bool plain_split_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  return !p.sequences.any() && p.head_dim <= 128 && p.k_len <= kPlainMaxKeys && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
+  return !p.sequences.any() && p.head_dim <= 128 && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
          p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
+
+// Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
+bool plain_shape(const AttentionProblem& p) { return plain_split_shape(p) && p.k_len <= kPlainMaxKeys; }
 
 // Whether what a row sees is its key range alone (a causal rule, a window, key lengths: no mask, no softcap) and
 // the scale may go to the exponent: the problems that the wgmma kernel's build of three blocks per SM takes (its
@@ -428,6 +431,19 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
         plan.blocks = plan.tail_block + tail * pieces;
       }
     }
+  }
+  // A decode step's key split on the wgmma kernel's plain build: its ranges run as a split tail from the first row
+  // block on (every block a tail piece that leaves its partial), so that a range of a few tiles skips the general
+  // build's row setup and per-tile rule tests. The plain build is kept to ranges of kPlainMaxKeys, as for whole
+  // problems.
+  if (warpgroup && streams && plan.splits > 1 && !plan.plain && !plan.three_per_sm && plain_split_shape(p) &&
+      plan.split_keys <= kPlainMaxKeys && !o.is_off("plain") && !o.is_off("tail")) {
+    plan.tail_block = 0;
+    plan.tail_pieces = plan.splits;
+    plan.tail_piece_keys = plan.split_keys;
+    plan.splits = 1;
+    plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
+    plan.plain = true;
   }
   plan.kv_copies = warpgroup && kv_rows_want_copies(p, o);
   plan.narrow = warpgroup && p.k_storage.type == KvType::Float &&
