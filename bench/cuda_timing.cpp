@@ -4,8 +4,10 @@
 // way to compare two builds of a kernel in one device run; the numbers that count come from bench/bench_cuda.py,
 // side by side with PyTorch in one process.
 //   usage: attnkit_cuda_timing [case-substring [dtype [plan]]]
-//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD]]] [dtype [plan]]   (one shape of your own, head-first;
-//          PAD: every row of Q, K, V and O PAD elements longer than its head dim, as in a slice of a wider tensor)
+//          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD[,FROM]]]] [dtype [plan]]   (one shape of your own,
+//          head-first; PAD: every row of Q, K, V and O PAD elements longer than its head dim, as in a slice of a wider
+//          tensor; FROM > 0: device key lengths drawn uniformly from [FROM, SK], seed 1, as a serving step's; GB/s
+//          then counts the keys they reach)
 //          attnkit_cuda_timing pshape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]  (the same, positions-first: [B, S, H, D],
 //          the layout of PyTorch's and the Python benchmarks' tensors)
 //   plan: plan overrides in their text form (e.g. kernel=mma,splits=4), "" for the plan's own choice.
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
     std::int64_t dv = 0;
     bool positions_first = false;
     std::int64_t pad = 0;
+    std::int64_t lengths_from = 0;  // > 0: device key lengths uniform in [lengths_from, sk]
   };
   std::vector<Case> cases = {
       {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
@@ -54,10 +57,11 @@ int main(int argc, char** argv) {
     Case own{own_positions_first ? "pshape" : "shape", 1, 1, 1, 1, 1, 64, false};
     own.positions_first = own_positions_first;
     int causal = 0;
-    const int n = std::sscanf(only_case.c_str() + (own_positions_first ? 7 : 6), "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld,%ld", &own.b, &own.h,
-                              &own.hkv, &own.sq, &own.sk, &own.d, &causal, &own.dv, &own.pad);
+    const int n = std::sscanf(only_case.c_str() + (own_positions_first ? 7 : 6), "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld,%ld,%ld",
+                              &own.b, &own.h, &own.hkv, &own.sq, &own.sk, &own.d, &causal, &own.dv, &own.pad,
+                              &own.lengths_from);
     if (n < 6) {
-      std::fprintf(stderr, "usage: [p]shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD]]]\n");
+      std::fprintf(stderr, "usage: [p]shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD[,FROM]]]]\n");
       return 2;
     }
     own.causal = causal != 0;
@@ -98,12 +102,28 @@ int main(int argc, char** argv) {
       cudaMemcpy(q, bytes.data(), nq * es, cudaMemcpyHostToDevice);
       cudaMemcpy(k, bytes.data(), nk * es, cudaMemcpyHostToDevice);
       cudaMemcpy(v, bytes.data(), nv * es, cudaMemcpyHostToDevice);
+      // Device key lengths (a serving step's): the keys they reach, for the GB/s below.
+      std::vector<std::int32_t> lengths;
+      std::int32_t* lengths_dev = nullptr;
+      double keys_read = static_cast<double>(c.b) * c.sk;
+      if (c.lengths_from > 0) {
+        std::uniform_int_distribution<std::int64_t> draw(std::min(c.lengths_from, c.sk), c.sk);
+        keys_read = 0;
+        for (std::int64_t b = 0; b < c.b; ++b) {
+          lengths.push_back(static_cast<std::int32_t>(draw(rng)));
+          keys_read += lengths.back();
+        }
+        cudaMalloc(&lengths_dev, lengths.size() * 4);
+        cudaMemcpy(lengths_dev, lengths.data(), lengths.size() * 4, cudaMemcpyHostToDevice);
+        p.has_key_lengths = true;
+      }
       AttentionConfig cfg;
       cfg.backend = Backend::Cuda;
       cfg.plan = plan;
       Attention op(p, cfg);
       AttentionArgs a;
       a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nv}; a.o = {o, no};
+      if (lengths_dev != nullptr) a.key_lengths = {lengths_dev, c.b};
       a.stream = stream;
       for (int i = 0; i < 3; ++i) op.run(a);
       cudaEvent_t e0, e1;
@@ -140,10 +160,10 @@ int main(int argc, char** argv) {
       double pairs = static_cast<double>(c.sq) * c.sk;
       if (c.causal && c.sq > 1) pairs = static_cast<double>(c.sq) * (c.sk - c.sq) + c.sq * (c.sq + 1) / 2.0;
       const double flops = 2.0 * c.b * c.h * pairs * (c.d + dv);
-      const double bytes_min = static_cast<double>(es) * (c.b * c.h * c.sq + c.b * c.hkv * c.sk) * (c.d + dv);
+      const double bytes_min = static_cast<double>(es) * (c.b * c.h * c.sq + keys_read * c.hkv) * (c.d + dv);
       std::printf("%-28s %-9s %10.2f %10.2f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(),
                   eager_ms * 1e3, graph_ms * 1e3, flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
-      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lengths_dev);
       if (cudaGetLastError() != cudaSuccess) { std::printf("CUDA error\n"); return 1; }
     }
   }

@@ -226,6 +226,68 @@ TEST(CudaAttention, PlainBuildGivesTheGeneralBuildsBits) {
   }
 }
 
+// A decode step with device key lengths: its key split runs on the wgmma kernel's plain build as a split tail
+// from row block 0, each piece ending at its entry's length (an empty piece reads no tile), and gives the general
+// build's bits (off=plain) and the reference's values. The cache past each length holds NaN (a serving cache's
+// unwritten rows): neither K's scores nor V's rows there may reach the output. Lengths 0 (masked rows: NaN, or
+// zeros under MaskedRows::Zero), 1, k_len and random ones; GQA 4:1 at head dims 128 and 64 (mma.sync's cluster
+// merge there), 32:1, and 64:1 at head dim 64; the LSE; a rerun
+// and the call cut into one-block launches give the same bytes.
+TEST(CudaAttention, PlainDecodeSplitWithDeviceKeyLengthsGivesTheGeneralBuildsBits) {
+  SKIP_WITHOUT_GPU();
+  struct Shape { std::int64_t batch, heads, kv, k, d; MaskedRows masked; };
+  for (const Shape s : {Shape{4, 32, 8, 5000, 128, MaskedRows::Nan}, Shape{5, 16, 4, 3000, 64, MaskedRows::Zero},
+                        Shape{3, 32, 1, 9000, 128, MaskedRows::Nan}, Shape{8, 64, 1, 8192, 64, MaskedRows::Zero}}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "lengths";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = 1; spec.k_len = s.k;
+      spec.head_dim = s.d; spec.causal = true; spec.lse = true; spec.key_lengths = KeyLengths::Random;
+      spec.masked_rows = s.masked;
+      SCOPED_TRACE(std::to_string(s.batch) + " x " + std::to_string(s.k) + " d " + std::to_string(s.d) + " " +
+                   std::string(dtype_name(t)));
+      CaseData data(spec, t, 59);
+      std::vector<std::int32_t> lengths = data.key_lengths();
+      lengths[0] = 0;
+      lengths[1] = static_cast<std::int32_t>(s.k);
+      lengths[2] = 1;
+      data.set_key_lengths(lengths);
+      const auto ref = data.reference();
+      DeviceMirror dev(data);
+      AttentionArgs& args = dev.device_args();  // (the lengths above, uploaded with the case)
+      // NaN (all-ones bits) in every K and V row past its entry's length, on the device only.
+      const AttentionProblem& p = data.problem();
+      const std::size_t es = dtype_size(t);
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        for (std::int64_t h = 0; h < s.kv; ++h) {
+          const std::int64_t rows = s.k - lengths[b];
+          if (rows == 0) continue;
+          for (const auto& [buffer, layout] : {std::pair{args.k.data, p.k}, std::pair{args.v.data, p.v}}) {
+            auto* at = static_cast<char*>(const_cast<void*>(buffer)) + layout.index(b, h, lengths[b]) * es;
+            check(cudaMemset(at, 0xff, ((rows - 1) * layout.row_stride + s.d) * es));
+          }
+        }
+      }
+      Attention plain(p, cuda_config());
+      const std::string kernel = plain.describe();
+      if (kernel.find("wgmma") != std::string::npos) {  // (the d64 group of 4 takes mma.sync's cluster merge)
+        EXPECT_NE(kernel.find("plain"), std::string::npos) << kernel;
+        EXPECT_NE(kernel.find("tail"), std::string::npos) << kernel;
+      }
+      dev.run(plain);
+      const auto first = data.output_bytes();
+      EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+      EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+      EXPECT_TRUE(data.gaps_untouched());
+      expect_rerun_and_cut_equal(data, dev, plain, first);
+      Attention general(p, cuda_config("off=plain"));
+      EXPECT_EQ(general.describe().find("plain"), std::string::npos) << general.describe();
+      dev.run(general);
+      EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << general.describe();
+    }
+  }
+}
+
 // The plain build of three blocks per SM (head dim 64) runs a persistent grid where it has more blocks than places
 // and a full enough last round (CudaPlan::persistent_places): each block runs several units of work, its K/V ring
 // and Q barrier carrying on
@@ -363,7 +425,10 @@ TEST(CudaAttention, LongDecodeTakesTheHopperKernelAndMatches) {
     Attention op(data.problem(), cuda_config());
     if (prop.major == 9 && prop.minor == 0 && forced_plan().empty()) {
       EXPECT_NE(op.describe().find("wgmma"), std::string::npos) << op.describe();
-      EXPECT_NE(op.describe().find("split-k"), std::string::npos) << op.describe();
+      // (a key split: the general build's split-k, or the plain build's pieces of a split tail from row block 0)
+      EXPECT_TRUE(op.describe().find("split-k") != std::string::npos ||
+                  op.describe().find("plain, tail of") != std::string::npos)
+          << op.describe();
     }
     DeviceMirror dev(data);
     dev.run(op);

@@ -166,10 +166,33 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
   AttentionProblem lengths = AttentionProblem::head_first(1, 32, 8, 1, 8192, 128, DType::f16);
   lengths.causal = true;
   lengths.has_key_lengths = true;
+  // Device key lengths: the same plain split tail (each piece ends at its entry's length), in ranges short
+  // enough for kLengthRounds rounds of blocks on the SMs (the real lengths leave many short or empty).
   const CudaPlan with_lengths = plan_of(core::normalize_and_check(lengths));
-  EXPECT_FALSE(with_lengths.split_as_tail());
-  EXPECT_EQ(with_lengths.key_ranges(), with_lengths.splits);
-  EXPECT_GT(with_lengths.splits, 1);
+  EXPECT_TRUE(with_lengths.plain);
+  EXPECT_TRUE(with_lengths.split_as_tail());
+  EXPECT_GE(with_lengths.key_ranges(), b1.key_ranges());
+  EXPECT_EQ(plan_with(core::normalize_and_check(lengths), "off=plain").key_ranges(), with_lengths.key_ranges());
+  AttentionProblem varlen = AttentionProblem::head_first(32, 32, 8, 1, 8192, 128, DType::bf16);
+  varlen.causal = true;
+  varlen.has_key_lengths = true;
+  const CudaPlan serving = plan_of(core::normalize_and_check(varlen));
+  EXPECT_TRUE(serving.split_as_tail()) << cuda::describe(serving);
+  EXPECT_GE(serving.blocks, 8 * 132) << cuda::describe(serving);
+  EXPECT_LE(serving.range_keys(), 2048) << cuda::describe(serving);
+  // Ranges of at most 2,048 keys (the plain build's) where the rounds alone would leave them longer.
+  AttentionProblem long_cache = AttentionProblem::head_first(64, 32, 8, 1, 8192, 128, DType::bf16);
+  long_cache.causal = true;
+  long_cache.has_key_lengths = true;
+  const CudaPlan serving64 = plan_of(core::normalize_and_check(long_cache));
+  EXPECT_TRUE(serving64.split_as_tail()) << cuda::describe(serving64);
+  EXPECT_EQ(serving64.range_keys(), 2048) << cuda::describe(serving64);
+  // (the GPU test's 64:1 shape at head dim 64 streams on the wgmma kernel's plain build too)
+  AttentionProblem mqa64 = AttentionProblem::head_first(8, 64, 1, 1, 8192, 64, DType::f16);
+  mqa64.causal = true;
+  mqa64.has_key_lengths = true;
+  const CudaPlan mqa64_plan = plan_of(core::normalize_and_check(mqa64));
+  EXPECT_TRUE(mqa64_plan.split_as_tail()) << cuda::describe(mqa64_plan);
   // Ranges past the plain build's key count (a long cache split in few ranges) keep the general build.
   const CudaPlan b64 = plan_of(shape(64, 32, 8, 1, 32768, 128, true));
   EXPECT_FALSE(b64.split_as_tail()) << cuda::describe(b64);

@@ -380,7 +380,11 @@ inline bool runs_plain(const KernelParams& p) {
   // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
-  return p.plain && chunks && !p.element_loads && !p.has_sequences && !p.has_mask && !p.has_key_lengths && !p.has_sink && p.transform.softcap == 0.0f &&
+  // Key lengths only where every block is a piece of a split tail (a decode step's key split, which only the
+  // wgmma kernel's plan makes): each piece's range ends at its entry's length (plain_key_end) and the merge pass,
+  // not the plain finish, writes the rows, masked ones included.
+  const bool lengths_ok = !p.has_key_lengths || (p.tail_pieces > 1 && p.tail_block == 0);
+  return p.plain && chunks && !p.element_loads && !p.has_sequences && !p.has_mask && lengths_ok && !p.has_sink && p.transform.softcap == 0.0f &&
          p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
          p.k_type == KvType::Float && p.v_type == KvType::Float &&
          (p.partial == nullptr || p.tail_pieces > 1 || p.cluster_merge) && (p.splits == 1 || p.cluster_merge) &&
@@ -428,6 +432,12 @@ __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std
   if (!p.has_key_lengths) return p.k_len;
   const std::int32_t n = p.key_lengths[b];
   return n >= 0 && n <= p.k_len ? n : 0;
+}
+
+// The end of a plain block's key range: a decode split's piece ends at its entry's device key length (then it may
+// hold no key); every other plain block at the range plain_block_coord gave.
+__device__ __forceinline__ std::int64_t plain_key_end(const KernelParams& p, const BlockCoord& c) {
+  return p.has_key_lengths ? min64(c.key_end, key_length_of(p, c.b)) : c.key_end;
 }
 
 // What check_sequences_kernel records of a batch entry (entry_faults): its query rows cannot be placed

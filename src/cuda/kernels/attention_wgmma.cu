@@ -99,6 +99,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // (Launched to overlap an unknown kernel: it may write anything read below; only its launch latency and this
   // block's start pass under its tail.)
   if (p.wait_first) wait_for_prior_grids();
+  // A decode split's piece with device key lengths ends at its entry's length (read after the wait: the
+  // previous kernel may write the lengths); a piece past it is empty and reads no tile.
+  if constexpr (kPlain) c.key_end = plain_key_end(p, c);
   ATTNKIT_PHASE(1)
   // The rotary's position of query 0 (no position_ids), loaded now: its latency passes under the row setup
   // instead of standing before every cos / sin load (the GQA op uploads it before the pre-pass runs).
@@ -245,6 +248,10 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
   };
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
+  // Tile 0 before the row setup by the TMA (the producer's loop below then starts at tile 1). Not for a range
+  // that starts past its entry's device key length (a decode split's, which then has no tile to read).
+  const bool tile0_early =
+      early && !p.kv_copies && c.key_begin < (kPlain ? c.key_end : key_length_of(p, c.b));
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
   if (tid == 0) {
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     if (kPersistent) sm90::mbarrier_init(q_empty, consumer_threads / 32);
     sm90::fence_barrier_init();
     if (q_by_tma) issue_q();
-    if (early && !p.kv_copies) issue_kv_tile(0, early_tile);
+    if (tile0_early) issue_kv_tile(0, early_tile);
   }
   if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
     load_q(0, false);  // the consumers' rows
@@ -329,8 +336,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     } else if (tid == 0) {
       // With the early tile in flight, a block with rows but no visible key (tiles == 0) still waits for its
       // copies to land before it exits (the early tile is tile 0 otherwise: lo is the block's first key).
-      for (int t = early ? 1 : 0; t < tiles; ++t) issue_kv_tile(t, first_tile + t * kTileKeys);
-      if (early && tiles == 0) {
+      for (int t = tile0_early ? 1 : 0; t < tiles; ++t) issue_kv_tile(t, first_tile + t * kTileKeys);
+      if (tile0_early && tiles == 0) {
         sm90::mbarrier_wait(&k_full[0], 0);
         sm90::mbarrier_wait(&v_full[0], 0);
       }
@@ -438,8 +445,10 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     const int slot = (ring + t) % kSlots;
     const int t0 = first_tile + t * kTileKeys;
     sm90::mbarrier_wait(&v_full[slot], ((ring + t) / kSlots) % 2);
-    // (Plain: the keys past hi = k_len are the TMA's zeros already.)
-    if (!kPlain && (t0 < lo || t0 + kTileKeys > hi)) {  // both warpgroups, each half of the rows (they meet here once)
+    // (Plain: a range starts on a tile, and the keys past hi = k_len are the TMA's zeros already; past a device
+    // key length they are the cache's bytes.)
+    const bool partial = kPlain ? p.has_key_lengths && t0 + kTileKeys > hi : t0 < lo || t0 + kTileKeys > hi;
+    if (partial) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
       for (int e = tid - 128; e < kTileKeys * (kV / 8); e += consumer_threads) {
         const int j = e / (kV / 8), ch = e % (kV / 8);

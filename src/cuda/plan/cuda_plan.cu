@@ -27,6 +27,7 @@ constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the 
 // per block, still gains from the split there (132 against 199 us).
 constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
+constexpr std::int64_t kLengthRounds = 8;  // a decode step with device key lengths: its split's rounds of blocks
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
 // Rows per K/V head up to which a long cache is streamed as a decode step on the wgmma kernel: one consumer
@@ -124,17 +125,20 @@ bool kv_rows_want_copies(const AttentionProblem& p, const PlanOverrides& o) {
          slow_rows(p.v, p.v_head_dim);
 }
 
-// Whether the problem's key ranges, however long, have the plain build's shape (a split tail's pieces).
+// Whether the problem's key ranges, however long, have the plain build's shape (a split tail's pieces, which may
+// end at a device key length: plain_key_end).
 bool plain_split_shape(const AttentionProblem& p) {
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  return !p.sequences.any() && p.head_dim <= 128 && !p.has_mask && !p.has_key_lengths && !p.has_head_sink &&
+  return !p.sequences.any() && p.head_dim <= 128 && !p.has_mask && !p.has_head_sink &&
          p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
 
 // Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
-bool plain_shape(const AttentionProblem& p) { return plain_split_shape(p) && p.k_len <= kPlainMaxKeys; }
+bool plain_shape(const AttentionProblem& p) {
+  return plain_split_shape(p) && !p.has_key_lengths && p.k_len <= kPlainMaxKeys;
+}
 
 // Whether what a row sees is its key range alone (a causal rule, a window, key lengths: no mask, no softcap) and
 // the scale may go to the exponent: the problems that the wgmma kernel's build of three blocks per SM takes (its
@@ -378,6 +382,15 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
         core::split_for_soonest_finish(base_blocks, resident, tiles, std::min(least_for_decode, kMaxSplits),
                                        std::max(std::min(least_for_decode, kMaxSplits), most));
     want = cut.parts;
+    // Device key lengths (a serving step): the plan sees only k_len, the longest a range may be, while the real
+    // lengths leave many ranges short or empty. Ranges short enough for kLengthRounds rounds of blocks on the
+    // workers let the hardware's block scheduler even out the SMs' work, and a piece past its entry's length
+    // exits at once; on the wgmma kernel, ranges of at most kPlainMaxKeys run on its plain build (below).
+    if (p.has_key_lengths) {
+      const std::int64_t for_rounds = ceil_div(kLengthRounds * resident, base_blocks);
+      const std::int64_t for_plain = warpgroup ? ceil_div(p.k_len, kPlainMaxKeys) : 1;
+      want = std::max(want, std::min(std::max(for_rounds, for_plain), most));
+    }
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
              (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
               (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
