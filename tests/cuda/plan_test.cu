@@ -173,6 +173,11 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
   EXPECT_TRUE(with_lengths.split_as_tail());
   EXPECT_GE(with_lengths.key_ranges(), b1.key_ranges());
   EXPECT_EQ(plan_with(core::normalize_and_check(lengths), "off=plain").key_ranges(), with_lengths.key_ranges());
+  // Where the run finds the plain build cannot take it (the GQA op's launch under its pre-pass), the general
+  // build runs the dense step's split.
+  EXPECT_EQ(with_lengths.fallback_splits, b1.key_ranges());
+  EXPECT_EQ(b1.fallback_splits, b1.key_ranges());
+  EXPECT_EQ(b1.fallback_split_keys, b1.range_keys());
   AttentionProblem varlen = AttentionProblem::head_first(32, 32, 8, 1, 8192, 128, DType::bf16);
   varlen.causal = true;
   varlen.has_key_lengths = true;
@@ -191,6 +196,14 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
   AttentionProblem mqa64 = AttentionProblem::head_first(8, 64, 1, 1, 8192, 64, DType::f16);
   mqa64.causal = true;
   mqa64.has_key_lengths = true;
+  // A range keeps 64 keys a row (the merge's partials): 32 query heads on one K/V head keep the dense step's 8
+  // ranges of 2,048 keys over 16k.
+  AttentionProblem mqa = AttentionProblem::head_first(16, 32, 1, 1, 16384, 128, DType::bf16);
+  mqa.causal = true;
+  mqa.has_key_lengths = true;
+  const CudaPlan mqa_plan = plan_of(core::normalize_and_check(mqa));
+  EXPECT_TRUE(mqa_plan.split_as_tail()) << cuda::describe(mqa_plan);
+  EXPECT_EQ(mqa_plan.key_ranges(), 8) << cuda::describe(mqa_plan);
   const CudaPlan mqa64_plan = plan_of(core::normalize_and_check(mqa64));
   EXPECT_TRUE(mqa64_plan.split_as_tail()) << cuda::describe(mqa64_plan);
   // Ranges past the plain build's key count (a long cache split in few ranges) keep the general build.

@@ -305,11 +305,13 @@ void run(const AttentionProblem& p, const AttentionArgs& a, const CudaPlan& chos
   params.inputs_ready = !pdl;  // (as the first launch below sets it: runs_plain reads it)
   if (plan.tail_pieces > 1 && !runs_plain(params)) {
     // Only the plain build splits a tail (an output row off 16 bytes, seen only here, keeps it out): whole
-    // blocks then, with no partial; a decode step's split (a tail from the first row block) stays a key split
-    // on the general build, the same blocks and partials.
+    // blocks then, with no partial; a decode step's split (a tail from the first row block) becomes the general
+    // build's key split of the step (CudaPlan::fallback_splits: the same ranges but with device key lengths).
     if (plan.tail_block == 0) {
-      plan.splits = plan.tail_pieces;
-      plan.split_keys = plan.tail_piece_keys;
+      plan.blocks = plan.blocks / plan.tail_pieces * plan.fallback_splits;
+      plan.splits = plan.fallback_splits;
+      plan.split_keys = plan.fallback_split_keys;
+      if (plan.splits == 1) plan.partial_bytes = 0;
       plan.plain = false;
     } else {
       plan.blocks = plan.tail_block + (plan.blocks - plan.tail_block) / plan.tail_pieces;

@@ -47,6 +47,10 @@ struct CudaPlan {
   bool split_as_tail() const { return tail_pieces > 1 && tail_block == 0; }
   std::int64_t key_ranges() const { return split_as_tail() ? tail_pieces : splits; }
   std::int64_t range_keys() const { return split_as_tail() ? tail_piece_keys : split_keys; }
+  // A decode split as a tail: the key split (ranges, and keys per range) that the general build runs where the
+  // run finds the plain build cannot take the call (the GQA op's launch under its pre-pass). A step with device
+  // key lengths has its own, longer ranges there (the split without kLengthRounds).
+  std::int64_t fallback_splits = 0, fallback_split_keys = 0;
   // The split's ranges merged inside thread-block clusters of `splits` blocks (the mma.sync kernel on sm_90;
   // cluster_merge.cuh) instead of by the merge pass. The scratch still holds the partials: a run whose
   // pointers send it to the SIMT kernel takes the merge pass.

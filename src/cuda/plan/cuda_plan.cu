@@ -27,7 +27,10 @@ constexpr std::int64_t kMinSplitKeys = 256;  // shorter ranges cost more in the 
 // per block, still gains from the split there (132 against 199 us).
 constexpr std::int64_t kMinTileSplitKeys = 2048;
 constexpr std::int64_t kMaxSplits = 64;
-constexpr std::int64_t kLengthRounds = 8;  // a decode step with device key lengths: its split's rounds of blocks
+// A decode step with device key lengths on the plain build: its split's rounds of blocks, and the fewest keys
+// of a range per row of a block (the merge's partials)
+constexpr std::int64_t kLengthRounds = 8;
+constexpr std::int64_t kLengthRowKeys = 64;
 constexpr std::int64_t kFloatDecodeRows = 8;       // rows per K/V head up to which a float cache decodes
 constexpr std::int64_t kQuantizedDecodeRows = 64;  // likewise for a quantized cache
 // Rows per K/V head up to which a long cache is streamed as a decode step on the wgmma kernel: one consumer
@@ -369,6 +372,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
                         mma_bucket(p.head_dim, p.v_head_dim).v <= 128 && !o.is_off("cluster");
   if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
+  std::int64_t general_want = 0;  // > 0: the split without the device-key-length rule (fallback_splits)
   const bool streams = plan.group_rows <= 16 || (warpgroup && plan.group_rows <= kStreamRows);
   // (the decode kernel's ranges hold at most kDecodeMaxKeys keys)
   const std::int64_t least_for_decode = decode ? ceil_div(p.k_len, kDecodeMaxKeys) : 1;
@@ -382,14 +386,21 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
         core::split_for_soonest_finish(base_blocks, resident, tiles, std::min(least_for_decode, kMaxSplits),
                                        std::max(std::min(least_for_decode, kMaxSplits), most));
     want = cut.parts;
-    // Device key lengths (a serving step): the plan sees only k_len, the longest a range may be, while the real
-    // lengths leave many ranges short or empty. Ranges short enough for kLengthRounds rounds of blocks on the
-    // workers let the hardware's block scheduler even out the SMs' work, and a piece past its entry's length
-    // exits at once; on the wgmma kernel, ranges of at most kPlainMaxKeys run on its plain build (below).
-    if (p.has_key_lengths) {
+    // Device key lengths (a serving step) where the wgmma kernel's plain build takes the ranges (below): the plan
+    // sees only k_len, the longest a range may be, while the real lengths leave many ranges short or empty.
+    // Ranges short enough for kLengthRounds rounds of blocks on the workers let the hardware's block scheduler
+    // even out the SMs' work, a piece past its entry's length exits at once, and ranges of at most kPlainMaxKeys
+    // run on the plain build. Each range leaves a partial of its rows, written and read back by the merge, so a
+    // range keeps kLengthRowKeys keys a row (multi-query decode's 32 rows, batch 16 over 16k keys on the H100:
+    // 48.1 us in 64 ranges of 256 keys, 41.2 in the 8 of a dense step). The general build keeps the dense
+    // step's split (fallback_splits): it lost with more ranges (batch 64 over 8k, 441 us in 4 against 433 whole).
+    if (p.has_key_lengths && warpgroup && plain_split_shape(p)) {
+      general_want = want;
       const std::int64_t for_rounds = ceil_div(kLengthRounds * resident, base_blocks);
-      const std::int64_t for_plain = warpgroup ? ceil_div(p.k_len, kPlainMaxKeys) : 1;
-      want = std::max(want, std::min(std::max(for_rounds, for_plain), most));
+      const std::int64_t for_plain = ceil_div(p.k_len, kPlainMaxKeys);
+      const std::int64_t fewest_keys = std::max(kMinSplitKeys, kLengthRowKeys * plan.group_rows);
+      want = std::max(want, std::min({std::max(for_rounds, for_plain), most,
+                                      std::max<std::int64_t>(p.k_len / fewest_keys, 1)}));
     }
   } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
              (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
@@ -402,6 +413,9 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     plan.split_keys = ceil_div(tiles, want) * granule;
     plan.splits = ceil_div(p.k_len, plan.split_keys);
   }
+  const std::int64_t general_split_keys =
+      general_want > 1 ? ceil_div(tiles, general_want) * granule
+                       : general_want == 1 ? std::max<std::int64_t>(p.k_len, 1) : plan.split_keys;
   plan.blocks = base_blocks * plan.splits;
   plan.cluster_merge = clusters && plan.splits > 1 && plan.splits <= kMaxClusterSplits;
   plan.plain = (plan.kernel == CudaPlan::Kernel::Warpgroup || plan.kernel == CudaPlan::Kernel::TensorCore) &&
@@ -454,6 +468,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     plan.tail_block = 0;
     plan.tail_pieces = plan.splits;
     plan.tail_piece_keys = plan.split_keys;
+    plan.fallback_split_keys = general_split_keys;
+    plan.fallback_splits = ceil_div(std::max<std::int64_t>(p.k_len, 1), general_split_keys);
     plan.splits = 1;
     plan.split_keys = std::max<std::int64_t>(p.k_len, 1);
     plan.plain = true;
