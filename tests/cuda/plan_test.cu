@@ -44,6 +44,15 @@ AttentionProblem shape(std::int64_t b, std::int64_t h, std::int64_t hkv, std::in
   return core::normalize_and_check(p);
 }
 
+// A decode step (one query, causal) over up to sk keys with device key lengths (a serving step), normalised.
+AttentionProblem lengths_step(std::int64_t b, std::int64_t h, std::int64_t hkv, std::int64_t sk, std::int64_t d,
+                              DType dtype = DType::bf16) {
+  AttentionProblem p = AttentionProblem::head_first(b, h, hkv, 1, sk, d, dtype);
+  p.causal = true;
+  p.has_key_lengths = true;
+  return core::normalize_and_check(p);
+}
+
 // Whisper's encoder shape (12 heads, 1500 tokens) with a mask: the general build.
 AttentionProblem masked_encoder(std::int64_t head_dim) {
   AttentionProblem p = AttentionProblem::head_first(1, 12, 12, 1500, 1500, head_dim, DType::f16);
@@ -163,49 +172,34 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
   EXPECT_FALSE(general.plain);
   EXPECT_EQ(general.splits, 16);
   EXPECT_EQ(general.blocks, b1.blocks);
-  AttentionProblem lengths = AttentionProblem::head_first(1, 32, 8, 1, 8192, 128, DType::f16);
-  lengths.causal = true;
-  lengths.has_key_lengths = true;
   // Device key lengths: the same plain split tail (each piece ends at its entry's length), in ranges short
   // enough for kLengthRounds rounds of blocks on the SMs (the real lengths leave many short or empty).
-  const CudaPlan with_lengths = plan_of(core::normalize_and_check(lengths));
+  const CudaPlan with_lengths = plan_of(lengths_step(1, 32, 8, 8192, 128));
   EXPECT_TRUE(with_lengths.plain);
   EXPECT_TRUE(with_lengths.split_as_tail());
   EXPECT_GE(with_lengths.key_ranges(), b1.key_ranges());
-  EXPECT_EQ(plan_with(core::normalize_and_check(lengths), "off=plain").key_ranges(), with_lengths.key_ranges());
+  EXPECT_EQ(plan_with(lengths_step(1, 32, 8, 8192, 128), "off=plain").key_ranges(), with_lengths.key_ranges());
   // Where the run finds the plain build cannot take it (the GQA op's launch under its pre-pass), the general
   // build runs the dense step's split.
   EXPECT_EQ(with_lengths.fallback_splits, b1.key_ranges());
   EXPECT_EQ(b1.fallback_splits, b1.key_ranges());
   EXPECT_EQ(b1.fallback_split_keys, b1.range_keys());
-  AttentionProblem varlen = AttentionProblem::head_first(32, 32, 8, 1, 8192, 128, DType::bf16);
-  varlen.causal = true;
-  varlen.has_key_lengths = true;
-  const CudaPlan serving = plan_of(core::normalize_and_check(varlen));
+  const CudaPlan serving = plan_of(lengths_step(32, 32, 8, 8192, 128));
   EXPECT_TRUE(serving.split_as_tail()) << cuda::describe(serving);
   EXPECT_GE(serving.blocks, 8 * 132) << cuda::describe(serving);
   EXPECT_LE(serving.range_keys(), 2048) << cuda::describe(serving);
   // Ranges of at most 2,048 keys (the plain build's) where the rounds alone would leave them longer.
-  AttentionProblem long_cache = AttentionProblem::head_first(64, 32, 8, 1, 8192, 128, DType::bf16);
-  long_cache.causal = true;
-  long_cache.has_key_lengths = true;
-  const CudaPlan serving64 = plan_of(core::normalize_and_check(long_cache));
+  const CudaPlan serving64 = plan_of(lengths_step(64, 32, 8, 8192, 128));
   EXPECT_TRUE(serving64.split_as_tail()) << cuda::describe(serving64);
   EXPECT_EQ(serving64.range_keys(), 2048) << cuda::describe(serving64);
-  // (the GPU test's 64:1 shape at head dim 64 streams on the wgmma kernel's plain build too)
-  AttentionProblem mqa64 = AttentionProblem::head_first(8, 64, 1, 1, 8192, 64, DType::f16);
-  mqa64.causal = true;
-  mqa64.has_key_lengths = true;
   // A range keeps 64 keys a row (the merge's partials): 32 query heads on one K/V head keep the dense step's 8
   // ranges of 2,048 keys over 16k.
-  AttentionProblem mqa = AttentionProblem::head_first(16, 32, 1, 1, 16384, 128, DType::bf16);
-  mqa.causal = true;
-  mqa.has_key_lengths = true;
-  const CudaPlan mqa_plan = plan_of(core::normalize_and_check(mqa));
-  EXPECT_TRUE(mqa_plan.split_as_tail()) << cuda::describe(mqa_plan);
-  EXPECT_EQ(mqa_plan.key_ranges(), 8) << cuda::describe(mqa_plan);
-  const CudaPlan mqa64_plan = plan_of(core::normalize_and_check(mqa64));
-  EXPECT_TRUE(mqa64_plan.split_as_tail()) << cuda::describe(mqa64_plan);
+  const CudaPlan mqa = plan_of(lengths_step(16, 32, 1, 16384, 128));
+  EXPECT_TRUE(mqa.split_as_tail()) << cuda::describe(mqa);
+  EXPECT_EQ(mqa.key_ranges(), 8) << cuda::describe(mqa);
+  // (the GPU test's 64:1 shape at head dim 64 streams on the wgmma kernel's plain build too)
+  const CudaPlan mqa64 = plan_of(lengths_step(8, 64, 1, 8192, 64, DType::f16));
+  EXPECT_TRUE(mqa64.split_as_tail()) << cuda::describe(mqa64);
   // Ranges past the plain build's key count (a long cache split in few ranges) keep the general build.
   const CudaPlan b64 = plan_of(shape(64, 32, 8, 1, 32768, 128, true));
   EXPECT_FALSE(b64.split_as_tail()) << cuda::describe(b64);
