@@ -7,7 +7,8 @@
 //          attnkit_cuda_timing shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD[,FROM]]]] [dtype [plan]]   (one shape of your own,
 //          head-first; PAD: every row of Q, K, V and O PAD elements longer than its head dim, as in a slice of a wider
 //          tensor; FROM > 0: device key lengths drawn uniformly from [FROM, SK], seed 1, as a serving step's; GB/s
-//          then counts the keys they reach)
+//          then counts the keys they reach; PAGE > 0: K and V in a paged cache [pages, PAGE, HKV, D] whose block
+//          table gives each sequence shuffled pages)
 //          attnkit_cuda_timing pshape:B,H,HKV,SQ,SK,D[,causal[,DV]] [dtype [plan]]  (the same, positions-first: [B, S, H, D],
 //          the layout of PyTorch's and the Python benchmarks' tensors)
 //   plan: plan overrides in their text form (e.g. kernel=mma,splits=4), "" for the plan's own choice.
@@ -53,15 +54,16 @@ int main(int argc, char** argv) {
       {"mqa_decode_b16_k16k", 16, 32, 1, 1, 16384, 128, true},
   };
   const bool own_positions_first = only_case.rfind("pshape:", 0) == 0;
+  std::int64_t page = 0;  // > 0: a paged K/V cache of pages of `page` keys
   if (only_case.rfind("shape:", 0) == 0 || own_positions_first) {
     Case own{own_positions_first ? "pshape" : "shape", 1, 1, 1, 1, 1, 64, false};
     own.positions_first = own_positions_first;
     int causal = 0;
-    const int n = std::sscanf(only_case.c_str() + (own_positions_first ? 7 : 6), "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld,%ld,%ld",
+    const int n = std::sscanf(only_case.c_str() + (own_positions_first ? 7 : 6), "%ld,%ld,%ld,%ld,%ld,%ld,%d,%ld,%ld,%ld,%ld",
                               &own.b, &own.h, &own.hkv, &own.sq, &own.sk, &own.d, &causal, &own.dv, &own.pad,
-                              &own.lengths_from);
+                              &own.lengths_from, &page);
     if (n < 6) {
-      std::fprintf(stderr, "usage: [p]shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD[,FROM]]]]\n");
+      std::fprintf(stderr, "usage: [p]shape:B,H,HKV,SQ,SK,D[,causal[,DV[,PAD[,FROM[,PAGE]]]]]\n");
       return 2;
     }
     own.causal = causal != 0;
@@ -89,8 +91,18 @@ int main(int argc, char** argv) {
       p.v = layout(c.hkv, c.sk, dv);
       p.o = layout(c.h, c.sq, dv);
       const std::size_t es = dtype_size(t);
-      const std::int64_t nq = c.b * c.h * c.sq * (c.d + c.pad), nk = c.b * c.hkv * c.sk * (c.d + c.pad);
-      const std::int64_t nv = c.b * c.hkv * c.sk * (dv + c.pad), no = c.b * c.h * c.sq * (dv + c.pad);
+      // A paged cache: every sequence's pages, shuffled over the cache.
+      const std::int64_t pages_per_seq = page > 0 ? (c.sk + page - 1) / page : 0;
+      const std::int64_t key_rows = page > 0 ? pages_per_seq * page : c.sk;
+      if (page > 0) {
+        p.k = Layout::positions_first(c.hkv, page, c.d + c.pad);
+        p.v = Layout::positions_first(c.hkv, page, dv + c.pad);
+        p.sequences.page_size = page;
+        p.sequences.num_pages = c.b * pages_per_seq;
+        p.sequences.max_pages_per_seq = pages_per_seq;
+      }
+      const std::int64_t nq = c.b * c.h * c.sq * (c.d + c.pad), nk = c.b * c.hkv * key_rows * (c.d + c.pad);
+      const std::int64_t nv = c.b * c.hkv * key_rows * (dv + c.pad), no = c.b * c.h * c.sq * (dv + c.pad);
       std::vector<std::uint16_t> host(static_cast<std::size_t>(std::max(nq, nk)) * 2);
       std::mt19937 rng(1);
       std::normal_distribution<float> normal;
@@ -124,6 +136,15 @@ int main(int argc, char** argv) {
       AttentionArgs a;
       a.q = {q, nq}; a.k = {k, nk}; a.v = {v, nv}; a.o = {o, no};
       if (lengths_dev != nullptr) a.key_lengths = {lengths_dev, c.b};
+      std::int32_t* table_dev = nullptr;
+      if (page > 0) {
+        std::vector<std::int32_t> table(static_cast<std::size_t>(c.b * pages_per_seq));
+        for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::int32_t>(i);
+        std::shuffle(table.begin(), table.end(), rng);
+        cudaMalloc(&table_dev, table.size() * 4);
+        cudaMemcpy(table_dev, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
+        a.block_table = {table_dev, static_cast<std::int64_t>(table.size())};
+      }
       a.stream = stream;
       for (int i = 0; i < 3; ++i) op.run(a);
       cudaEvent_t e0, e1;
@@ -163,7 +184,7 @@ int main(int argc, char** argv) {
       const double bytes_min = static_cast<double>(es) * (c.b * c.h * c.sq + keys_read * c.hkv) * (c.d + dv);
       std::printf("%-28s %-9s %10.2f %10.2f %9.1f %9.0f  %s\n", c.name, std::string(dtype_name(t)).c_str(),
                   eager_ms * 1e3, graph_ms * 1e3, flops / sec / 1e12, bytes_min / sec / 1e9, op.describe().c_str());
-      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lengths_dev);
+      cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(lengths_dev); cudaFree(table_dev);
       if (cudaGetLastError() != cudaSuccess) { std::printf("CUDA error\n"); return 1; }
     }
   }

@@ -197,6 +197,23 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
   const CudaPlan mqa = plan_of(lengths_step(16, 32, 1, 16384, 128));
   EXPECT_TRUE(mqa.split_as_tail()) << cuda::describe(mqa);
   EXPECT_EQ(mqa.key_ranges(), 8) << cuda::describe(mqa);
+  // A paged cache with one query per sequence (causal per sequence: the query sees all of its keys) takes the
+  // same plain pieces; a chunk of two queries or ragged queries keep the general build.
+  const auto paged_step = [](std::int64_t queries) {
+    AttentionProblem p = AttentionProblem::head_first(32, 32, 8, queries, 8192, 128, DType::bf16);
+    p.causal = true;
+    p.has_key_lengths = true;
+    p.k = p.v = Layout::positions_first(8, 16, 128);  // [pages, 16 keys, K/V heads, dim]
+    p.sequences.page_size = 16;
+    p.sequences.num_pages = 32 * 512;
+    p.sequences.max_pages_per_seq = 512;
+    return plan_of(core::normalize_and_check(p));
+  };
+  const CudaPlan paged = paged_step(1);
+  EXPECT_EQ(paged.kernel, Kernel::Warpgroup) << cuda::describe(paged);
+  EXPECT_TRUE(paged.split_as_tail()) << cuda::describe(paged);
+  EXPECT_EQ(paged.key_ranges(), serving.key_ranges());
+  EXPECT_FALSE(paged_step(2).split_as_tail()) << cuda::describe(paged_step(2));
   // (the GPU test's 64:1 shape at head dim 64 streams on the wgmma kernel's plain build too)
   const CudaPlan mqa64 = plan_of(lengths_step(8, 64, 1, 8192, 64, DType::f16));
   EXPECT_TRUE(mqa64.split_as_tail()) << cuda::describe(mqa64);

@@ -135,6 +135,48 @@ TEST(CudaSequences, PagedKvMatchesEachSequenceAloneOnEveryKernel) {
   }
 }
 
+// A paged decode step (one query per sequence, dense queries) whose key split streams on the wgmma kernel (forced
+// here) runs on its plain build as a split tail (sm_90): each piece ends at its sequence's length and reads its pages box by
+// box. Against each sequence alone, a cut call equal to the whole, and the general build's bytes (off=plain);
+// pages of 8 to 256 keys, both page layouts, lengths from 0 to 3,000.
+TEST(CudaSequences, PagedDecodeOnThePlainBuildGivesTheGeneralBuildsBits) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0));
+  const bool hopper = prop.major == 9 && prop.minor == 0 && testing::forced_plan().empty();
+  std::mt19937 rng(23);
+  for (std::int64_t page : {8, 16, 64, 256}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      BatchSpec s;
+      s.dtype = t;
+      s.page_size = page;
+      s.heads_before_pages_rows = t == DType::bf16;
+      s.heads = 32;
+      s.kv_heads = 8;
+      s.head_dim = s.v_head_dim = 128;
+      s.ragged_q = s.ragged_k = false;
+      s.k_lens = random_lengths(rng, 6, 3000);
+      s.k_lens[1] = 0;
+      s.q_lens = std::vector<std::int64_t>(6, 1);
+      s.causal = true;
+      const Batch batch(s, 70 + page);
+      // (forced: six sequences of 8 K/V heads take mma.sync's cluster merge by default)
+      const Attention plain(batch.problem(), cuda_config("kernel=wgmma"));
+      SCOPED_TRACE(plain.describe());
+      if (hopper) EXPECT_NE(plain.describe().find("plain, tail of"), std::string::npos);
+      const auto plain_bytes = check_batch(batch, s, cuda_config("kernel=wgmma"), run_on_device);
+      AttentionProblem cut_problem = batch.problem();
+      cut_problem.work_budget = 1;
+      std::vector<std::uint8_t> o = batch.output_buffer();
+      std::vector<float> lse = batch.lse_buffer();
+      Attention cut(cut_problem, cuda_config("kernel=wgmma"));
+      run_on_device(cut, batch, o, lse);
+      EXPECT_EQ(o, plain_bytes) << "a cut call differs from the whole call";
+      EXPECT_EQ(check_batch(batch, s, cuda_config("kernel=wgmma,off=plain"), run_on_device), plain_bytes);
+    }
+  }
+}
+
 TEST(CudaSequences, QuantizedPages) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);

@@ -370,6 +370,13 @@ __host__ __device__ __forceinline__ bool sees_keys_by_rule_only(const KernelPara
   return folds_scale(p) && !p.has_sequences && p.splits == 1;
 }
 
+// Whether every row sees every key of its entry (up to its key length): no causal rule hides one. With sequences
+// the causal rule is each sequence's, bottom-right: there a single query sees every key of its entry.
+__host__ __device__ __forceinline__ bool rows_see_every_key(const KernelParams& p) {
+  if (p.has_sequences && p.seq.per_sequence_causal) return !p.rule.causal || (p.q_len == 1 && p.rule.window == 0);
+  return p.rule.sees_every_key(p.k_len);
+}
+
 // A plain problem: a scale left to the exponent (folds_scale); no mask, key lengths, sink, softcap, causal rule
 // that hides a key, rotary, quantized cache or key split (but a split tail, and a split merged in clusters), every
 // output row on 16 bytes, and the launch's inputs ready at its start. The tile kernels have a build for it with
@@ -380,12 +387,14 @@ inline bool runs_plain(const KernelParams& p) {
   // Output rows on 16 bytes (the wgmma kernel's plain finish writes 16-byte chunks; one rule for both kernels).
   const bool chunks = reinterpret_cast<std::uintptr_t>(p.o) % 16 == 0 && p.lo.offset % 8 == 0 &&
                       p.lo.batch_stride % 8 == 0 && p.lo.head_stride % 8 == 0 && p.lo.row_stride % 8 == 0;
-  // Key lengths only where every block is a piece of a split tail (a decode step's key split, which only the
-  // wgmma kernel's plan makes): each piece's range ends at its entry's length (plain_key_end) and the merge pass,
-  // not the plain finish, writes the rows, masked ones included.
-  const bool lengths_ok = !p.has_key_lengths || (p.tail_pieces > 1 && p.tail_block == 0);
-  return p.plain && chunks && !p.element_loads && !p.has_sequences && !p.has_mask && lengths_ok && !p.has_sink && p.transform.softcap == 0.0f &&
-         p.rule.sees_every_key(p.k_len) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
+  // Key lengths and a paged cache (dense queries) only where every block is a piece of a split tail (a decode
+  // step's key split, which only the wgmma kernel's plan makes): each piece's range ends at its entry's length
+  // (plain_key_end), and the merge pass, not the plain finish, writes the rows, masked ones included.
+  const bool all_pieces = p.tail_pieces > 1 && p.tail_block == 0;
+  const bool paged_only = p.has_sequences && p.seq.paged() && !p.seq.ragged_q && !p.seq.ragged_k;
+  const bool entries_ok = (!p.has_key_lengths && !p.has_sequences) || (all_pieces && (!p.has_sequences || paged_only));
+  return p.plain && chunks && !p.element_loads && !p.has_mask && entries_ok && !p.has_sink && p.transform.softcap == 0.0f &&
+         rows_see_every_key(p) && p.causal_offsets == nullptr && p.rotary.cos == nullptr &&
          p.k_type == KvType::Float && p.v_type == KvType::Float &&
          (p.partial == nullptr || p.tail_pieces > 1 || p.cluster_merge) && (p.splits == 1 || p.cluster_merge) &&
          p.inputs_ready && p.fast_coords && !p.heavy_first && folds_scale(p);
@@ -434,12 +443,6 @@ __device__ __forceinline__ std::int64_t key_length_of(const KernelParams& p, std
   return n >= 0 && n <= p.k_len ? n : 0;
 }
 
-// The end of a plain block's key range: a decode split's piece ends at its entry's device key length (then it may
-// hold no key); every other plain block at the range plain_block_coord gave.
-__device__ __forceinline__ std::int64_t plain_key_end(const KernelParams& p, const BlockCoord& c) {
-  return p.has_key_lengths ? min64(c.key_end, key_length_of(p, c.b)) : c.key_end;
-}
-
 // What check_sequences_kernel records of a batch entry (entry_faults): its query rows cannot be placed
 // (cu_seqlens_q out of range: none of its rows is written), or its keys cannot be read (cu_seqlens_k, its key
 // length or a block-table entry its keys reach out of range: every row of it is a masked row).
@@ -460,6 +463,14 @@ __device__ __forceinline__ core::SequenceRows entry_rows(const KernelParams& p, 
   if (faults & kQueriesOutOfRange) e.queries = 0;
   if (faults & kKeysOutOfRange) e.key_length = 0;
   return e;
+}
+
+// The end of a plain block's key range: a decode split's piece ends at its entry's device key length (a paged
+// cache's: entry_rows, which hides an entry whose arrays are out of range), then it may hold no key; every other
+// plain block at the range plain_block_coord gave.
+__device__ __forceinline__ std::int64_t plain_key_end(const KernelParams& p, const BlockCoord& c) {
+  if (p.has_sequences) return min64(c.key_end, entry_rows(p, c.b).key_length);
+  return p.has_key_lengths ? min64(c.key_end, key_length_of(p, c.b)) : c.key_end;
 }
 
 // The rows of a block that exist: row block `first_row` of an entry with e.queries queries (0 past its end).

@@ -103,6 +103,8 @@ bool mma_aligned(const Layout& l, KvType type) {
 // Whether the visibility rule hides no key of [0, k_len) from any row (a causal rule may hide nothing: a
 // decoder step's query).
 bool rule_hides_no_key(const AttentionProblem& p) {
+  // (sequences: each sequence's causal rule, bottom-right, under which a single query sees all of its keys)
+  if (p.sequences.any()) return !p.has_causal_offsets && (!p.causal || (p.q_len == 1 && p.window.value_or(0) == 0));
   return core::VisibilityRule{p.causal, *p.causal_offset, p.window.value_or(0)}.sees_every_key(p.k_len) &&
          !p.has_causal_offsets;
 }
@@ -129,18 +131,20 @@ bool kv_rows_want_copies(const AttentionProblem& p, const PlanOverrides& o) {
 }
 
 // Whether the problem's key ranges, however long, have the plain build's shape (a split tail's pieces, which may
-// end at a device key length: plain_key_end).
+// end at a device key length and read a paged cache with dense queries: plain_key_end).
 bool plain_split_shape(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  const bool paged_only = s.paged() && !s.ragged_q && !s.ragged_k;
   // Every output row starts on 16 bytes (the plain finish writes 16-byte chunks; the run checks the base pointer).
   const bool output_chunks = layout_aligned16(p.o);
   const bool quantized = p.k_storage.type != KvType::Float || p.v_storage.type != KvType::Float;
-  return !p.sequences.any() && p.head_dim <= 128 && !p.has_mask && !p.has_head_sink &&
+  return (!s.any() || paged_only) && p.head_dim <= 128 && !p.has_mask && !p.has_head_sink &&
          p.softcap.value_or(0.0f) == 0.0f && rule_hides_no_key(p) && !quantized && output_chunks;
 }
 
 // Whether the problem, whole (no split), has the plain build's shape (plain_problem, switches aside).
 bool plain_shape(const AttentionProblem& p) {
-  return plain_split_shape(p) && !p.has_key_lengths && p.k_len <= kPlainMaxKeys;
+  return plain_split_shape(p) && !p.sequences.any() && !p.has_key_lengths && p.k_len <= kPlainMaxKeys;
 }
 
 // Whether what a row sees is its key range alone (a causal rule, a window, key lengths: no mask, no softcap) and
