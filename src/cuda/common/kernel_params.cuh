@@ -60,6 +60,9 @@ struct KernelParams {
   // (they sit in the general builds' lines of these parameters).
   bool bucketed;
   bool narrow;  // the wgmma kernel's narrow build of the dims (CudaPlan::narrow, warpgroup_widths)
+  // Key lengths or ragged / paged sequences (has_key_lengths || has_sequences, whose line the plain builds do not
+  // read otherwise): where a plain decode split's pieces may end before their range (plain_key_end).
+  bool keys_end_per_entry;
   MaskedRows masked_rows;
   // Work-budget cut: this launch runs blocks [first_block, block_end). Each of its gridDim.x blocks runs block
   // first_block + blockIdx.x and, in a persistent grid (the wgmma kernel's plain build of three per SM, fewer
@@ -469,6 +472,7 @@ __device__ __forceinline__ core::SequenceRows entry_rows(const KernelParams& p, 
 // cache's: entry_rows, which hides an entry whose arrays are out of range), then it may hold no key; every other
 // plain block at the range plain_block_coord gave.
 __device__ __forceinline__ std::int64_t plain_key_end(const KernelParams& p, const BlockCoord& c) {
+  if (!p.keys_end_per_entry) return c.key_end;
   if (p.has_sequences) return min64(c.key_end, entry_rows(p, c.b).key_length);
   return p.has_key_lengths ? min64(c.key_end, key_length_of(p, c.b)) : c.key_end;
 }

@@ -120,6 +120,7 @@ KernelParams make_params(const AttentionProblem& p, const AttentionArgs& a, cons
                : plan.kernel == CudaPlan::Kernel::Tf32      ? !(tf32_bucket(d, dv) == HeadDimBucket{int(d), int(dv)})
                                                             : false;
   k.has_sequences = p.sequences.any();
+  k.keys_end_per_entry = k.has_key_lengths || k.has_sequences;
   if (k.has_sequences) {
     k.seq = core::sequence_access(p, a);
     k.total_q = p.sequences.total_q;

@@ -251,7 +251,10 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // Tile 0 before the row setup by the TMA (the producer's loop below then starts at tile 1). Not for a range
   // that starts past its entry's device key length (a decode split's, which then has no tile to read), nor from
   // pages (the plain build's paged pieces: box by box, below).
-  const bool tile0_early = early && !p.kv_copies && !p.has_sequences &&
+  // (The plain build asks keys_end_per_entry first: has_sequences sits on a parameter line it reads nowhere else,
+  // and a first read of a line stalls the block's start.)
+  const bool sequences = kPlain ? p.keys_end_per_entry && p.has_sequences : p.has_sequences;
+  const bool tile0_early = early && !p.kv_copies && !sequences &&
                            c.key_begin < (kPlain ? c.key_end : key_length_of(p, c.b));
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
@@ -320,7 +323,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::tma_load_4d(raw_v + slot * kRawTileBytes, &maps.v, 0, t0, static_cast<int>(c.kvh), static_cast<int>(c.b),
                           &raw_v_full[slot]);
       }
-    } else if ((kSequences || kPlain) && pages_keys(p)) {  // (plain: a paged decode split's pieces)
+    } else if ((kSequences || kPlain) && sequences && pages_keys(p)) {  // (plain: a paged decode split's pieces)
       if (warp == 0) {
         for (int t = 0; t < tiles; ++t) issue_paged_tile(t, first_tile + t * kTileKeys, hi);
       }
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     sm90::mbarrier_wait(&v_full[slot], ((ring + t) / kSlots) % 2);
     // (Plain: a range starts on a tile, and the keys past hi = k_len are the TMA's zeros already; past a device
     // key length they are the cache's bytes, and past a paged range's last box the slot's older rows.)
-    const bool partial = kPlain ? (p.has_key_lengths || p.has_sequences) && t0 + kTileKeys > hi
+    const bool partial = kPlain ? p.keys_end_per_entry && t0 + kTileKeys > hi
                                 : t0 < lo || t0 + kTileKeys > hi;
     if (partial) {  // both warpgroups, each half of the rows (they meet here once)
       std::uint8_t* tile = vs + slot * kTileBytes;
