@@ -20,18 +20,6 @@
 namespace attnkit::testing {
 namespace {
 
-
-// The plan overrides every op of this binary runs with first: its `--plan=...` argument (PlanOverrides' text
-// form; scripts/gpu-check runs the binary so with the wgmma kernel everywhere and nowhere). "": none.
-
-// The CUDA backend, with the binary's forced plan and then `plan` (PlanOverrides' text form; a later key wins).
-AttentionConfig cuda_config(const std::string& plan = "") {
-  AttentionConfig c;
-  c.backend = Backend::Cuda;
-  c.plan = parse_plan_overrides(forced_plan() + "," + plan);
-  return c;
-}
-
 // Whether the device is a compute capability 9.0 part (the wgmma kernel's).
 bool hopper_device() {
   cudaDeviceProp prop{};

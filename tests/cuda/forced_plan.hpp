@@ -3,6 +3,8 @@
 // and so on, without an environment variable.
 #pragma once
 
+#include <attnkit/attention.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +15,14 @@ namespace attnkit::testing {
 inline std::string& forced_plan() {
   static std::string plan;
   return plan;
+}
+
+// The CUDA backend, with the binary's forced plan and then `plan` (PlanOverrides' text form; a later key wins).
+inline AttentionConfig cuda_config(const std::string& plan = "") {
+  AttentionConfig c;
+  c.backend = Backend::Cuda;
+  c.plan = parse_plan_overrides(forced_plan() + "," + plan);
+  return c;
 }
 
 // main() of a test binary: GoogleTest's flags, then `--plan=...`; anything else is an error.

@@ -14,6 +14,7 @@ namespace attnkit {
 namespace {
 
 using testing::check;
+using testing::cuda_config;
 
 // Device copies of a batch's buffers, by host address, freed with the object.
 class DeviceCopies {
@@ -62,13 +63,6 @@ void run_on_device(Attention& op, const Batch& batch, std::vector<std::uint8_t>&
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dev.fetch(o.data());
   dev.fetch(lse.data());
-}
-
-AttentionConfig cuda_config(const std::string& plan) {
-  AttentionConfig c;
-  c.backend = Backend::Cuda;
-  c.plan = parse_plan_overrides(testing::forced_plan() + "," + plan);
-  return c;
 }
 
 // The batch on the plan's kernel and on each other kernel that accepts it (the registry's), each checked; a
