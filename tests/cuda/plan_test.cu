@@ -71,7 +71,7 @@ CudaPlan plan_with(const AttentionProblem& p, const std::string& overrides) { re
 // Head dim 64: the wgmma kernel's blocks are 64 rows, two per SM, the mma.sync kernel's grid; prefill takes it.
 TEST(CudaPlan, HeadDim64PrefillTakesTheHopperKernelsPairedBlocks) {
   const CudaPlan bert_b8_s128 = plan_of(shape(8, 12, 12, 128, 128, 64, false));
-  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(bert_b8_s128), "cuda.wgmma 192 blocks of 64 rows, 76192 B shared, 132 SMs, plain, 3 per SM");
   const CudaPlan bert_b1_s512 = plan_of(shape(1, 12, 12, 512, 512, 64, false));
   EXPECT_EQ(bert_b1_s512.kernel, Kernel::Warpgroup);
   EXPECT_EQ(bert_b1_s512.blocks, 96);
@@ -95,7 +95,7 @@ TEST(CudaPlan, OneWaveGridsOfAQuarterOfTheSmsOrMoreTakeTheHopperKernel) {
 
 TEST(CudaPlan, MultiWaveGridsTakeTheHopperKernelWhenTheirLastWaveIsFull) {
   EXPECT_EQ(cuda::describe(plan_of(shape(8, 12, 12, 512, 512, 64, false))),
-            "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM, persistent grid of 396");
+            "cuda.wgmma 768 blocks of 64 rows, 76192 B shared, 132 SMs, plain, 3 per SM, persistent grid of 396");
   const CudaPlan llama_prefill = plan_of(shape(1, 32, 8, 4096, 4096, 128, true));
   EXPECT_EQ(llama_prefill.kernel, Kernel::Warpgroup);
   EXPECT_EQ(llama_prefill.blocks, 8 * 4096 * 4 / 128);
@@ -299,7 +299,7 @@ TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
 TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 512, 512, 64, false)).three_per_sm) << "768 blocks";
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 64, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 288 blocks of 64 rows, 76192 B shared, 132 SMs, plain, 3 per SM");
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).three_per_sm) << "192 blocks: one round";
   EXPECT_TRUE(plan_of(shape(1, 12, 12, 512, 512, 64, false)).three_per_sm) << "96 blocks";
   const CudaPlan long_keys = plan_of(shape(4, 32, 32, 4096, 4096, 64, false));
@@ -309,7 +309,7 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   EXPECT_TRUE(causal.three_per_sm) << "causal";
   EXPECT_FALSE(causal.plain) << "causal: the general build";
   EXPECT_EQ(causal.persistent_places, 0) << "causal: one block per unit";
-  EXPECT_EQ(cuda::describe(causal), "cuda.wgmma 288 blocks of 64 rows, 76176 B shared, 132 SMs, 3 per SM");
+  EXPECT_EQ(cuda::describe(causal), "cuda.wgmma 288 blocks of 64 rows, 76192 B shared, 132 SMs, 3 per SM");
   EXPECT_FALSE(plan_of(masked_encoder(64)).three_per_sm) << "a mask";
   AttentionProblem lengths = AttentionProblem::head_first(8, 12, 12, 512, 512, 64, DType::f16);
   lengths.has_key_lengths = true;
@@ -357,7 +357,7 @@ TEST(CudaPlan, HeadDim64ProblemsThatSeeEveryKeyRunThreeBlocksPerSm) {
   // (tests: a grid of 5 wherever the plain build of three runs)
   EXPECT_EQ(plan_with(shape(1, 12, 12, 1500, 1500, 64, false), "persistent=5").persistent_places, 5);
   const CudaPlan two = plan_with(shape(8, 12, 12, 512, 512, 64, false), "off=three");
-  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76176 B shared, 132 SMs, plain");
+  EXPECT_EQ(cuda::describe(two), "cuda.wgmma 768 blocks of 64 rows, 76192 B shared, 132 SMs, plain");
 }
 
 // K/V rows that are not whole 32-byte sectors (a head dim of an odd number of 16-byte chunks, or a stride or
@@ -402,14 +402,14 @@ TEST(CudaPlan, SlowTmaRowsOfTheSixtyFourBucketTakeTheWgmmaKernelsCopies) {
 // range, a grid of one wave, three blocks per SM, the general build and off=tail do not.
 TEST(CudaPlan, APlainGridJustPastWholeWavesSplitsItsTail) {
   const CudaPlan whisper = plan_of(shape(1, 12, 12, 1500, 1500, 128, false));
-  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167312 B shared, 132 SMs, plain, "
+  EXPECT_EQ(cuda::describe(whisper), "cuda.wgmma 204 blocks of 128 rows, 167328 B shared, 132 SMs, plain, "
                                      "tail of 12 row blocks in 6 x 256 keys");
   EXPECT_EQ(whisper.tail_block, 132);
   EXPECT_EQ(whisper.partial_bytes, std::size_t{72} * 128 * (3 + 128) * sizeof(float));
   EXPECT_GE(whisper.scratch_bytes, whisper.partial_bytes);
   // Three per SM (400 row blocks on 396 places) keeps its tail whole.
   const CudaPlan three = plan_of(shape(1, 200, 200, 100, 600, 64, false));
-  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 400 blocks of 64 rows, 76176 B shared, 132 SMs, plain, 3 per SM");
+  EXPECT_EQ(cuda::describe(three), "cuda.wgmma 400 blocks of 64 rows, 76192 B shared, 132 SMs, plain, 3 per SM");
   EXPECT_EQ(plan_of(shape(8, 12, 12, 512, 512, 64, false)).tail_pieces, 0) << "768 blocks: a tail of 372";
   EXPECT_EQ(plan_of(shape(8, 12, 12, 128, 128, 64, false)).tail_pieces, 0) << "one wave";
   EXPECT_EQ(plan_of(shape(1, 140, 140, 256, 256, 64, false)).tail_pieces, 0) << "two tiles";

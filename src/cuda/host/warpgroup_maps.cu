@@ -126,13 +126,16 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
                        read_once ? CU_TENSOR_MAP_L2_PROMOTION_NONE : CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
-// The plain build's Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's rows (64 or 128)
-// in row_of's order (`group` heads fastest, then rows / group queries), 64 columns per box, in the 128-byte
-// swizzle; queries past q_len read as zeros. Only where a block's rows start on a query: rows % group == 0.
+// Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's rows (64 or 128) in row_of's order
+// (`group` heads fastest, then rows / group queries), 64 columns per box, in the 128-byte swizzle; queries past
+// q_len read as zeros. Only where a block's rows start on a query (rows % group == 0) and are row_of's (no ragged
+// or paged sequences), from float K/V's blocks (a quantized cache's build folds K's scales into its own copy).
+// The kernel takes it where nothing else touches Q first (attention_wgmma.cu's q_by_tma).
 bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   const std::int64_t g = p.group;
   const std::int64_t rows = warpgroup_rows(p.head_dim, KvType::Float);
-  if (!p.plain || g < 1 || rows % g != 0 || p.v_head_dim != p.head_dim || (p.head_dim != 64 && p.head_dim != 128)) {
+  if (p.has_sequences || p.k_type != KvType::Float || g < 1 || rows % g != 0 || p.v_head_dim != p.head_dim ||
+      (p.head_dim != 64 && p.head_dim != 128)) {
     return false;
   }
   const DeviceLayout& l = p.lq;

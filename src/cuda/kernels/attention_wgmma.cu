@@ -81,6 +81,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // (A persistent grid) the consumers' S MMAs are done with Q: after the tables, so that the other builds'
   // layout is the one they had before it.
   auto* const q_empty = reinterpret_cast<std::uint64_t*>(tables_mem + 4 * kBlockRows + kBlockKeyInts);
+  // Where the producer's warp 1 zeroes V's first or last tile (zero_v_by_producer): the tile's TMA lands on
+  // v_staged[0] or [1], and warp 1 arrives on its v_full barrier once the rows outside the block's keys are zeros.
+  std::uint64_t* const v_staged = q_empty + 1;
   const RowTables tables{tables_mem, tables_mem + kBlockRows, tables_mem + 2 * kBlockRows,
                          tables_mem + 3 * kBlockRows, tables_mem + 4 * kBlockRows};
 
@@ -128,7 +131,8 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // t0, into its slots by TMA, once the consumers have freed them.
   // Ragged keys sit in one tensor of total_k rows (warpgroup_maps): the entry's keys start at its first row.
   const bool ragged_keys = kSequences && p.has_sequences && p.seq.ragged_k;
-  auto issue_kv_tile = [&](int g, int t0) {
+  // (v_bar: V's barrier, v_full's or a staged tile's)
+  auto issue_kv_tile = [&](int g, int t0, std::uint64_t* v_bar) {
     const int key_row = ragged_keys ? static_cast<int>(entry.first_key) + t0 : t0;
     const int key_batch = ragged_keys ? 0 : static_cast<int>(c.b);
     const int slot = g % kSlots;
@@ -137,21 +141,21 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map,
                      int boxes) {
       sm90::mbarrier_wait(&empty[slot], parity ^ 1);
-      sm90::mbarrier_arrive_expect(&full[slot], boxes * kTileKeys * 128);
+      sm90::mbarrier_arrive_expect(full, boxes * kTileKeys * 128);
 #pragma unroll
       for (int b = 0; b < boxes; ++b) {
         sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128, map, b * 64, key_row,
-                          static_cast<int>(c.kvh), key_batch, &full[slot]);
+                          static_cast<int>(c.kvh), key_batch, full);
       }
     };
-    issue(k_empty, k_full, ks, &maps.k, kKBoxes);
-    issue(v_empty, v_full, vs, &maps.v, kVBoxes);
+    issue(k_empty, &k_full[slot], ks, &maps.k, kKBoxes);
+    issue(v_empty, v_bar, vs, &maps.v, kVBoxes);
   };
   // A paged cache (float K/V; pages of 8 keys or more that divide the tile or that it divides, warpgroup_maps'
   // boxes): tile t0's pages box by box, one lane of the producer warp per box and its block-table entry, so the
   // lookups overlap. Only the boxes that hold keys below hi are read; the slot's other rows keep old keys, which
   // the scores mask and prepare_v zeroes in V.
-  auto issue_paged_tile = [&](int g, int t0, int hi) {
+  auto issue_paged_tile = [&](int g, int t0, int hi, std::uint64_t* v_bar) {
     const int slot = g % kSlots;
     const unsigned parity = (g / kSlots) % 2;
     const int page_size = static_cast<int>(p.seq.page_size);
@@ -164,18 +168,18 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     auto issue = [&](std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots, const CUtensorMap* map,
                      int columns) {
       sm90::mbarrier_wait(&empty[slot], parity ^ 1);
-      if (lane == 0) sm90::mbarrier_arrive_expect(&full[slot], static_cast<unsigned>(boxes * box_keys * 128 * columns));
+      if (lane == 0) sm90::mbarrier_arrive_expect(full, static_cast<unsigned>(boxes * box_keys * 128 * columns));
       __syncwarp();
       if (lane < boxes) {
 #pragma unroll
         for (int b = 0; b < columns; ++b) {
           sm90::tma_load_4d(slots + slot * kTileBytes + b * kTileKeys * 128 + lane * box_keys * 128, map, b * 64, row,
-                            static_cast<int>(c.kvh), page, &full[slot]);
+                            static_cast<int>(c.kvh), page, full);
         }
       }
     };
-    issue(k_empty, k_full, ks, &maps.k, kKBoxes);
-    issue(v_empty, v_full, vs, &maps.v, kVBoxes);
+    issue(k_empty, &k_full[slot], ks, &maps.k, kKBoxes);
+    issue(v_empty, v_bar, vs, &maps.v, kVBoxes);
   };
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const T* q = static_cast<const T*>(p.q);
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // real dims and past k_len as TMA's out-of-bounds fill. Each thread arrives on the slot's full barrier (whose
   // count is the 64 threads) once its copies of the g-th tile (keys from t0) have landed. (The producer runs on
   // 24 registers: one column pointer, one address per copy.)
-  auto copy_kv_tile = [&](int g, int t0, const T* column, std::int64_t row_stride, std::int64_t dim,
+  auto copy_kv_tile = [&](int g, int t0, int lo, int hi, const T* column, std::int64_t row_stride, std::int64_t dim,
                           std::uint64_t* empty, std::uint64_t* full, std::uint8_t* slots) {
     constexpr int kRowsPerPass = 64 / kChunks;  // (head dim 192: 2 rows of 24 chunks, 16 threads idle)
     const int slot = g % kSlots;
@@ -192,10 +196,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     const int row = tid % 64 / kChunks, chunk = tid % 64 % kChunks;
     if (row < kRowsPerPass) {
       const std::uint32_t tile = sm90::smem_u32(slots) + slot * kTileBytes;
-      const int keys = chunk * 8 < dim ? min(kTileKeys, static_cast<int>(p.k_len - t0)) : 0;
+      // (rows [first, end) of the tile are the block's keys, hi <= k_len; the others zeros, as prepare_v wants V's)
+      const int first = max(0, lo - t0), end = chunk * 8 < dim ? min(kTileKeys, hi - t0) : 0;
 #pragma unroll 1
       for (int r = row; r < kTileKeys; r += kRowsPerPass) {
-        cp_async16_zero_fill(tile + swizzled_chunk(kTileKeys, r, chunk), column + (t0 + r) * row_stride, r < keys);
+        cp_async16_zero_fill(tile + swizzled_chunk(kTileKeys, r, chunk), column + (t0 + r) * row_stride,
+                             r >= first && r < end);
       }
     }
     // Landed, then made visible to the MMAs' async proxy by the threads that wrote them, then the arrival.
@@ -233,11 +239,15 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // (Nor for sequences: an entry's keys and rows are known after its setup.)
   const bool early =
       kPlain || (!kQuantized && p.inputs_ready && !(p.rule.causal && p.rule.window > 0) && !p.has_sequences);
-  // The plain build takes Q by TMA where the host could describe it (a box of `group` heads x rows / group
-  // queries is the block's rows in row_of's order): one thread's copies instead of every consumer thread's
-  // row_of and address arithmetic before its cp.async (~1,650 cycles of a one-tile block went to the copies'
-  // issue, bench/results/2026-11-30-h200-cuda-split-tail.md). Rows past the queries' end arrive as zeros.
-  const bool q_by_tma = kPlain && p.q_by_tma;
+  // Q by TMA where the host could describe it (a box of `group` heads x rows / group queries is the block's rows
+  // in row_of's order): one thread's copies instead of every consumer thread's row_of and address arithmetic
+  // before its cp.async (~1,650 cycles of a one-tile plain block, bench/results/2026-11-30-h200-cuda-split-tail.md;
+  // ~4,000 of a general block under a causal rule, 2026-12-06-h100-main-checked-and-causal-phases.md). Rows past
+  // the queries' end arrive as zeros. The general build's rows are row_of's too, except for sequences; not with a
+  // rotary (Q goes through registers), a quantized cache (K's scales fold into Q in place) or inputs a previous
+  // kernel may still be writing.
+  const bool q_by_tma =
+      p.q_by_tma && (kPlain || (!kQuantized && p.inputs_ready && !p.has_sequences && !rotary));
   auto issue_q = [&] {  // (the block's current unit)
     sm90::mbarrier_arrive_expect(q_full, static_cast<unsigned>(tile_bytes<D>(kBlockRows)));
     const int first_query = static_cast<int>(c.row_block * kBlockRows / p.group);
@@ -256,6 +266,17 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const bool sequences = kPlain ? p.keys_end_per_entry && p.has_sequences : p.has_sequences;
   const bool tile0_early = early && !p.kv_copies && !sequences &&
                            c.key_begin < (kPlain ? c.key_end : key_length_of(p, c.b));
+  // A partial tile's V rows outside the block's keys must be zeros before O += P V (prepare_v). The producer
+  // zeroes them: its warp 1, which has nothing else to do, between the tile's TMA (landing on v_staged) and
+  // the consumers' v_full, or the copying threads' zero fill (kv_copies). Zeroed by the consumers themselves, the
+  // two warpgroups had to meet at a barrier that broke their turns (~2,100 cycles of a causal block's last P V,
+  // bench/results/2026-12-06-h100-main-checked-and-causal-phases.md). Three blocks per SM keep the consumers'
+  // zero fill (one consumer warpgroup, which meets no other); a quantized cache needs none (integers are finite).
+  const bool zero_v_by_producer = !kThree && !kQuantized && !p.kv_copies;
+  // The early tile 0 is staged before the block's keys are known in the general build (warp 1 then zeroes it or
+  // only passes it on); the plain build's keys are the range's.
+  const bool stage_early_tile =
+      zero_v_by_producer && (!kPlain || (p.keys_end_per_entry && early_tile + kTileKeys > c.key_end));
   // The K / V slots are filled by the TMA (one arrival with the bytes) or, from a quantized cache, by the 4
   // converting warps; the raw slots by the TMA, emptied by the converting warps.
   if (tid == 0) {
@@ -276,9 +297,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
     if (q_by_tma) sm90::mbarrier_init(q_full, 1);
     if (kPersistent) sm90::mbarrier_init(q_empty, consumer_threads / 32);
+    if (zero_v_by_producer) {
+      sm90::mbarrier_init(&v_staged[0], 1);
+      sm90::mbarrier_init(&v_staged[1], 1);
+    }
     sm90::fence_barrier_init();
     if (q_by_tma) issue_q();
-    if (tile0_early) issue_kv_tile(0, early_tile);
+    if (tile0_early) issue_kv_tile(0, early_tile, stage_early_tile ? &v_staged[0] : &v_full[0]);
   }
   if (early && !rotary && !q_by_tma && tid >= 128 && tid < 128 + consumer_threads) {
     load_q(0, false);  // the consumers' rows
@@ -304,6 +329,33 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // Tiles are 128-key aligned: tile t holds keys [first_tile + 128 t, + 128); keys outside [lo, hi) are masked.
   const int first_tile = lo < hi ? lo / kTileKeys * kTileKeys : hi;
   const int tiles = (hi - first_tile + kTileKeys - 1) / kTileKeys;
+  // Whether tile t0's V rows include keys outside [lo, hi) that may hold what O += P V must not read (0 x inf).
+  // (Plain: a range starts on a tile, and the keys past hi = k_len are the TMA's zeros already; past a device key
+  // length they are the cache's bytes, and past a paged range's last box the slot's older rows.)
+  auto v_tile_partial = [&](int t0) {
+    return kPlain ? p.keys_end_per_entry && t0 + kTileKeys > hi : t0 < lo || t0 + kTileKeys > hi;
+  };
+  // The staged barrier tile t's V lands on (0: the first tile, 1: the last; -1: none, v_full's own): a partial
+  // first or last tile, and the early tile 0 as it was issued.
+  auto v_stage = [&](int t) {
+    if (!zero_v_by_producer) return -1;
+    if (t == 0 && tile0_early) return stage_early_tile ? 0 : -1;
+    if (t != 0 && t + 1 != tiles) return -1;
+    return v_tile_partial(first_tile + t * kTileKeys) ? (t == 0 ? 0 : 1) : -1;
+  };
+  auto v_bar = [&](int t) { return v_stage(t) < 0 ? &v_full[t % kSlots] : &v_staged[v_stage(t)]; };
+  // Zeroes V's rows of tile t0 (in `slot`) outside [lo, hi) with `threads` threads from `thread`, then makes the
+  // stores visible to the MMAs' async proxy.
+  auto zero_v_outside_keys = [&](int slot, int t0, int thread, int threads) {
+    const std::uint32_t tile = sm90::smem_u32(vs) + slot * kTileBytes;
+    const int below = max(0, min(lo - t0, kTileKeys)), from = max(0, min(hi - t0, kTileKeys));
+#pragma unroll 1
+    for (int e = thread; e < kTileKeys * (kV / 8); e += threads) {
+      const int j = e / (kV / 8);
+      if (j < below || j >= from) sm90::store_zero16(tile + swizzled_chunk(kTileKeys, j, e % (kV / 8)));
+    }
+    sm90::fence_proxy_async();
+  };
 
   // The producer starts streaming K and V at once; the consumers copy Q meanwhile (a short key range is only a
   // few tiles, so the block's start weighs).
@@ -325,7 +377,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       }
     } else if ((kSequences || kPlain) && sequences && pages_keys(p)) {  // (plain: a paged decode split's pieces)
       if (warp == 0) {
-        for (int t = 0; t < tiles; ++t) issue_paged_tile(t, first_tile + t * kTileKeys, hi);
+        for (int t = 0; t < tiles; ++t) issue_paged_tile(t, first_tile + t * kTileKeys, hi, v_bar(t));
       }
     } else if (!kQuantized && !kPersistent && p.kv_copies) {  // (never a persistent grid: the launch checks)
       const bool v = warp >= 2;
@@ -334,26 +386,40 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
                                 : static_cast<const T*>(p.k) + p.lk.index(c.b, c.kvh, 0) + chunk;
 #pragma unroll 1
       for (int t = 0; t < tiles; ++t) {
-        copy_kv_tile(t, first_tile + t * kTileKeys, column, v ? p.lv.row_stride : p.lk.row_stride,
+        copy_kv_tile(t, first_tile + t * kTileKeys, lo, hi, column, v ? p.lv.row_stride : p.lk.row_stride,
                      v ? p.v_head_dim : p.head_dim, v ? v_empty : k_empty, v ? v_full : k_full, v ? vs : ks);
       }
     } else if (tid == 0) {
       // With the early tile in flight, a block with rows but no visible key (tiles == 0) still waits for its
       // copies to land before it exits (the early tile is tile 0 otherwise: lo is the block's first key).
-      for (int t = tile0_early ? 1 : 0; t < tiles; ++t) issue_kv_tile(t, first_tile + t * kTileKeys);
+      for (int t = tile0_early ? 1 : 0; t < tiles; ++t) issue_kv_tile(t, first_tile + t * kTileKeys, v_bar(t));
       if (tile0_early && tiles == 0) {
         sm90::mbarrier_wait(&k_full[0], 0);
-        sm90::mbarrier_wait(&v_full[0], 0);
+        sm90::mbarrier_wait(stage_early_tile ? &v_staged[0] : &v_full[0], 0);
       }
       if constexpr (kPersistent) {  // the later units: tile 0 as soon as its slots are free, then Q, then the rest
         // (Every unit has the same key range: the host runs a persistent grid with keys and no split tail.)
         for (int unit = 1, ring = tiles; (block += gridDim.x) < p.block_end; ++unit, ring += tiles) {
           c = plain_block_coord(p, block);
-          issue_kv_tile(ring, first_tile);
+          issue_kv_tile(ring, first_tile, &v_full[ring % kSlots]);
           sm90::mbarrier_wait(q_empty, (unit % 2) ^ 1);
           issue_q();
-          for (int t = 1; t < tiles; ++t) issue_kv_tile(ring + t, first_tile + t * kTileKeys);
+          for (int t = 1; t < tiles; ++t) {
+            issue_kv_tile(ring + t, first_tile + t * kTileKeys, &v_full[(ring + t) % kSlots]);
+          }
         }
+      }
+    }
+    if (zero_v_by_producer && warp == 1) {  // the staged first and last tiles: zeroed, then passed on
+#pragma unroll 1
+      for (int t = 0; t < tiles; t = t == 0 && tiles > 1 ? tiles - 1 : tiles) {
+        const int stage = v_stage(t);
+        if (stage < 0) continue;
+        const int t0 = first_tile + t * kTileKeys;
+        sm90::mbarrier_wait(&v_staged[stage], 0);
+        if (v_tile_partial(t0)) zero_v_outside_keys(t % kSlots, t0, lane, 32);
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(&v_full[t % kSlots]);
       }
     }
     return;
@@ -392,7 +458,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // With a rotary (query_rotary_loads_chunks holds), the rotated chunks come through registers; the others, as
   // without one, by cp.async.
   const int rotated_chunks = rotary ? static_cast<int>(p.rotary.half / 4) : 0;
-  if (!early || rotary) load_q(rotated_chunks, true);
+  if (!q_by_tma && (!early || rotary)) load_q(rotated_chunks, true);
   if (rotary) {
     load_rotated_query<T>(qs, kBlockRows, rows, q_rows, tables, p, c, rotary_first, tid - 128, consumer_threads);
   }
@@ -449,18 +515,11 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     const int slot = (ring + t) % kSlots;
     const int t0 = first_tile + t * kTileKeys;
     sm90::mbarrier_wait(&v_full[slot], ((ring + t) / kSlots) % 2);
-    // (Plain: a range starts on a tile, and the keys past hi = k_len are the TMA's zeros already; past a device
-    // key length they are the cache's bytes, and past a paged range's last box the slot's older rows.)
-    const bool partial = kPlain ? p.keys_end_per_entry && t0 + kTileKeys > hi
-                                : t0 < lo || t0 + kTileKeys > hi;
-    if (partial) {  // both warpgroups, each half of the rows (they meet here once)
-      std::uint8_t* tile = vs + slot * kTileBytes;
-      for (int e = tid - 128; e < kTileKeys * (kV / 8); e += consumer_threads) {
-        const int j = e / (kV / 8), ch = e % (kV / 8);
-        if (t0 + j < lo || t0 + j >= hi) *reinterpret_cast<uint4*>(tile + swizzled_chunk(kTileKeys, j, ch)) = uint4{};
+    if constexpr (kThree) {  // (elsewhere the producer zeroed them before v_full; a quantized cache's are finite)
+      if (v_tile_partial(t0)) {
+        zero_v_outside_keys(slot, t0, tid - 128, consumer_threads);
+        sm90::named_sync(kZeroFillBarrier, consumer_threads);
       }
-      sm90::fence_proxy_async();
-      sm90::named_sync(kZeroFillBarrier, consumer_threads);
     }
   };
   // S = Q K_tᵀ: 64 rows x 128 keys in D / 16 k-steps; a k-step is 32 bytes into the 128-byte rows of a

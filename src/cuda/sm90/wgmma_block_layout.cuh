@@ -31,7 +31,7 @@ inline constexpr int kConsumerWarps = kConsumerThreads / 32;
 // Registers per thread: the producer gives most of its share to the consumers (setmaxnreg).
 inline constexpr int kProducerRegisters = 24;
 inline constexpr int kConsumerRegisters = 240;  // (24 + 2 x 240) / 3 = 168, a block of 384 threads
-// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the consumers' zero-fill barrier, 4 Q.
+// Named barriers: 1 and 2 are the warpgroups' turns on the tensor cores, 3 the zero fill of three blocks per SM, 4 Q.
 inline constexpr int kTurnBarrier = 1;
 inline constexpr int kZeroFillBarrier = 3;
 inline constexpr int kQBarrier = 4;  // the consumers' Q copy is complete
@@ -83,13 +83,13 @@ constexpr int raw_slots() {
 }
 
 // Q, the K and V slots, (quantized) the raw slots, the ones of the rows' sums, the barriers (the ring's, Q's),
-// the row tables, Q's empty barrier (a persistent grid), and
+// the row tables, Q's empty barrier (a persistent grid), the two barriers of V's staged tiles, and
 // 1024 bytes to align the tiles on the swizzle pattern.
 template <class T, int D, class S, bool kThree = false>
 constexpr std::size_t smem_bytes_for() {
   constexpr int rows = block_rows<T, D, S>();
   std::size_t bytes = 1024 + tile_bytes<D>(rows) + 2 * kSlots * tile_bytes<D>(tile_keys_for(D)) + kOnesBytes +
-                      (4 * kSlots + 2) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
+                      (4 * kSlots + 4) * sizeof(std::uint64_t) + (4 * rows + kBlockKeyInts) * sizeof(int);
   static_assert((4 * rows + kBlockKeyInts) % 2 == 0, "Q's empty barrier after the tables, on 8 bytes");
   if (kQuantizedStorage<T, S>) {
     bytes += 2 * raw_slots<S>() * static_cast<std::size_t>(tile_keys_for(D) * stored_row_bytes<T, S>(D)) +
