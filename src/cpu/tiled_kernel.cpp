@@ -209,8 +209,39 @@ void gather_output_row(const Workspace& w, std::int64_t r, std::int64_t dv, floa
   for (; d < dv; ++d) w.row[d] = w.ot[d * kRowBlock + r] * acc_scale;
 }
 
+// Rows [0, rows) of O^T times each row's scale into `out` row-major ([rows][dv]; 0 where a row's scale is 0,
+// whatever O^T holds), for an item of more than a few rows: four dims of a vector of rows at a time, transposed by
+// an interleaved store and moved into the rows by 16-byte copies. (One gather per vector of a row's dims fetched
+// each value from its own cache line of O^T: a seventh of a MiniLM-size float32 call.) The products are the ones
+// gather_output_row takes, so the bits are the same.
+void transpose_output_rows(const Workspace& w, std::int64_t rows, std::int64_t dv, const float* scale, float* out) {
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  HWY_ALIGN float quad[4 * (HWY_MAX_BYTES / sizeof(float))];
+  const std::int64_t dv4 = dv / 4 * 4;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += L) {  // (lanes past `rows` are in O^T's kRowBlock columns, unread)
+    const std::int64_t n = std::min(L, rows - r0);
+    const VF s = hn::LoadU(df, scale + r0);
+    for (std::int64_t d = 0; d < dv4; d += 4) {
+      const float* col = w.ot + d * kRowBlock + r0;
+      hn::StoreInterleaved4(hn::Mul(hn::LoadU(df, col), s), hn::Mul(hn::LoadU(df, col + kRowBlock), s),
+                            hn::Mul(hn::LoadU(df, col + 2 * kRowBlock), s),
+                            hn::Mul(hn::LoadU(df, col + 3 * kRowBlock), s), df, quad);
+      for (std::int64_t i = 0; i < n; ++i) hn::StoreU(hn::Load(d4, quad + 4 * i), d4, out + (r0 + i) * dv + d);
+    }
+    for (std::int64_t d = dv4; d < dv; ++d) {
+      for (std::int64_t i = 0; i < n; ++i) out[(r0 + i) * dv + d] = w.ot[d * kRowBlock + r0 + i] * scale[r0 + i];
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (scale[r] == 0.0f) std::fill(out + r * dv, out + (r + 1) * dv, 0.0f);
+  }
+}
+
 // Normalises the item's rows and writes O (and the LSE): out = acc * acc_scale, or NaN / 0 for a row that
-// saw no key, NaN for a poisoned row.
+// saw no key, NaN for a poisoned row. An item of more than a few rows transposes O^T into its row buffer
+// (`orows`, free outside few-rows items) first; a few-rows item gathers each row.
 void finish_rows(const ItemJob& job) {
   const AttentionProblem& p = *job.problem;
   const AttentionArgs& a = *job.args;
@@ -218,18 +249,31 @@ void finish_rows(const ItemJob& job) {
   const auto* sinks = static_cast<const float*>(a.head_sink.data);
   const std::int64_t dv = p.v_head_dim;
   const std::size_t es = dtype_size(p.dtype);
+  const bool transposed = job.rows > kMaxFewRows;
+  HWY_ALIGN float scale[kRowBlock + (HWY_MAX_BYTES / sizeof(float))] = {};
+  float lse[kRowBlock];
   for (std::int64_t r = 0; r < job.rows; ++r) {
-    const std::int64_t pair = job.first_row + r;
-    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
-    const std::int64_t i = pair % job.seq.queries;
+    const std::int64_t h = job.kvh * job.group + (job.first_row + r) / job.seq.queries;
     const core::RowState state{w.max[r], w.sum[r], w.poison[r] != 0.0f};
     const float sink = p.has_head_sink ? sinks[h] : 0.0f;
     const core::RowFinish fin = p.return_lse ? core::finish_row(state, p.has_head_sink, sink, p.masked_rows)
                                              : core::finish_row<false>(state, p.has_head_sink, sink, p.masked_rows);
-    gather_output_row(w, r, dv, fin.acc_scale);
-    narrow_row(w.row, p.dtype, dv,
+    scale[r] = fin.acc_scale;
+    lse[r] = fin.lse;
+  }
+  if (transposed) transpose_output_rows(w, job.rows, dv, scale, w.orows);
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::int64_t pair = job.first_row + r;
+    const std::int64_t h = job.kvh * job.group + pair / job.seq.queries;
+    const std::int64_t i = pair % job.seq.queries;
+    const float* row = w.orows + r * dv;
+    if (!transposed) {
+      gather_output_row(w, r, dv, scale[r]);
+      row = w.row;
+    }
+    narrow_row(row, p.dtype, dv,
                static_cast<char*>(a.o.data) + job.seqs->query_index(p.o, job.seq, job.b, h, i) * static_cast<std::int64_t>(es));
-    if (p.return_lse) static_cast<float*>(a.lse.data)[job.seqs->query_index(p.lse, job.seq, job.b, h, i)] = fin.lse;
+    if (p.return_lse) static_cast<float*>(a.lse.data)[job.seqs->query_index(p.lse, job.seq, job.b, h, i)] = lse[r];
   }
 }
 
