@@ -3,7 +3,8 @@
 // wait included: host-buffer calls), and the CUDA backend's time per call (CUDA events around back-to-back calls
 // on device buffers). Medians of repeated calls. PyTorch's unfused chain on the same shapes comes from
 // bench/bench_cuda.py (scripts/gpu-check runs both; see docs/benchmarks.md).
-//   usage: attnkit_vulkan_timing [case-substring] [--kernel rows|coopmat]
+//   usage: attnkit_vulkan_timing [case-substring] [--kernel rows|coopmat] [--stats]
+//   (--stats: the driver's statistics of every pipeline made, at the end: registers, spills, ...)
 #include <attnkit/attention.hpp>
 #include <attnkit/vulkan.hpp>
 
@@ -104,9 +105,16 @@ double cuda_ms(const AttentionProblem& p, const AttentionArgs& host, DType t) {
 
 int main(int argc, char** argv) {
   std::string only, kernel;
+  bool stats = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--kernel") == 0 && i + 1 < argc) kernel = argv[++i];
+    else if (std::strcmp(argv[i], "--stats") == 0) stats = true;
     else only = argv[i];
+  }
+  if (stats) {
+    vulkan::Options options;
+    options.pipeline_statistics = true;
+    vulkan::configure(options);
   }
   const std::vector<Case> cases = {
       {"minilm_b1_s128", 1, 12, 12, 128, 128, 32, false},   {"minilm_b8_s128", 8, 12, 12, 128, 128, 32, false},
@@ -148,5 +156,10 @@ int main(int argc, char** argv) {
         std::printf("%-18s %-8s failed: %s\n", c.name, std::string(dtype_name(t)).c_str(), e.what());
       }
     }
+  }
+  if (stats) {
+    const std::vector<std::string> lines = vulkan::pipeline_statistics();
+    std::printf("pipeline statistics: %s\n", lines.empty() ? "none (the device does not offer them)" : "");
+    for (const std::string& line : lines) std::printf("  %s\n", line.c_str());
   }
 }

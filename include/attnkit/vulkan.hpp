@@ -32,6 +32,7 @@ struct AdoptedDevice {
 struct Options {
   int device = -1;          // index into devices(); -1: the first discrete GPU, else integrated, virtual, CPU
   bool validation = false;  // load the Khronos validation layers and record what they report as errors
+  bool pipeline_statistics = false;  // ask the driver to keep each pipeline's statistics (pipeline_statistics())
   AdoptedDevice adopt;      // adopt.device != 0: run on the caller's device (device and validation stay unset:
                             // the caller's instance has whatever layers the caller gave it)
 };
@@ -62,6 +63,12 @@ DeviceInfo current_device();
 
 // Messages of severity "error" the validation layers reported since the context was made (Options::validation).
 std::vector<std::string> validation_errors();
+
+// What the driver reports of each pipeline made so far (VK_KHR_pipeline_executable_properties: registers, shared
+// memory, spills, ... as the driver names them), one line per pipeline, executable and statistic: "shader
+// [specialization constants] executable: statistic = value". Empty unless Options::pipeline_statistics was set and
+// the device offers the extension (the backend's own device only).
+std::vector<std::string> pipeline_statistics();
 
 // GPU time, in milliseconds, of the kernels of the last run() on this thread (timestamp queries around the
 // dispatches; 0 when the device has no timestamps).

@@ -347,8 +347,22 @@ void Context::make_device(const Options& options) {
   di.pNext = &enable.base;
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
-  di.enabledExtensionCount = info_.cooperative_matrix ? 1 : 0;
-  di.ppEnabledExtensionNames = &coop_ext;
+  std::vector<const char*> extensions;
+  if (info_.cooperative_matrix) extensions.push_back(coop_ext);
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (options.pipeline_statistics && has_extension(physical_, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
+    VkPhysicalDeviceFeatures2 offered{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &stats};
+    vkGetPhysicalDeviceFeatures2(physical_, &offered);
+    capture_statistics_ = stats.pipelineExecutableInfo == VK_TRUE;
+  }
+  if (capture_statistics_) {
+    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    stats.pNext = enable.base.pNext;
+    enable.base.pNext = &stats;
+  }
+  di.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+  di.ppEnabledExtensionNames = extensions.data();
   check(vkCreateDevice(physical_, &di, nullptr, &device_), "vkCreateDevice");
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 }
@@ -427,6 +441,7 @@ const Pipeline& Context::pipeline(const std::string& shader, std::span<const std
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &spec;
   ci.layout = pipeline_layout_;
+  if (capture_statistics_) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   Pipeline p;
   p.layout = pipeline_layout_;
   check(vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &ci, nullptr, &p.pipeline), "vkCreateComputePipelines");
@@ -503,6 +518,11 @@ DeviceInfo current_device() { return shared_context().info(); }
 std::vector<std::string> validation_errors() {
   std::lock_guard lock(g_context_mutex);
   return g_context ? g_context->validation_errors() : std::vector<std::string>{};
+}
+
+std::vector<std::string> pipeline_statistics() {
+  std::lock_guard lock(g_context_mutex);
+  return g_context ? g_context->pipeline_statistics() : std::vector<std::string>{};
 }
 
 }  // namespace attnkit::vulkan

@@ -82,6 +82,8 @@ class Context {
   std::mutex& queue_mutex() { return queue_mutex_; }
 
   std::vector<std::string> validation_errors() const;
+  // The driver's statistics of every pipeline made so far (pipeline_statistics.cpp); empty unless captured.
+  std::vector<std::string> pipeline_statistics();
   void record_validation_error(std::string message);
 
  private:
@@ -89,6 +91,7 @@ class Context {
   void adopt(const Options& options);
   void make_layouts();
 
+  bool capture_statistics_ = false;  // Options::pipeline_statistics, where the device offers them
   bool owns_device_ = true;  // false: Options::adopt's device and instance, the caller's to destroy
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;

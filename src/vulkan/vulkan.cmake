@@ -45,6 +45,7 @@ if(ATTNKIT_HAS_VULKAN)
   add_dependencies(attnkit_objects attnkit_spirv)
   target_sources(attnkit_objects PRIVATE
     ${attnkit_vulkan_dir}/context.cpp
+    ${attnkit_vulkan_dir}/pipeline_statistics.cpp
     ${attnkit_vulkan_dir}/vulkan_plan.cpp
     ${attnkit_vulkan_dir}/vulkan_backend.cpp
     ${attnkit_vulkan_dir}/device_buffers.cpp
@@ -59,4 +60,5 @@ else()
   message(STATUS "attnkit: Vulkan backend OFF")
 endif()
 set_source_files_properties(${attnkit_vulkan_dir}/context.cpp ${attnkit_vulkan_dir}/vulkan_backend.cpp
-                            ${attnkit_vulkan_dir}/device_buffers.cpp PROPERTIES COMPILE_OPTIONS -Wno-missing-field-initializers)
+                            ${attnkit_vulkan_dir}/device_buffers.cpp ${attnkit_vulkan_dir}/pipeline_statistics.cpp
+                            PROPERTIES COMPILE_OPTIONS -Wno-missing-field-initializers)

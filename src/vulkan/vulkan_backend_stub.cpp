@@ -19,6 +19,7 @@ bool validation_available() { return false; }
 std::vector<DeviceInfo> devices() { return {}; }
 DeviceInfo current_device() { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
 std::vector<std::string> validation_errors() { return {}; }
+std::vector<std::string> pipeline_statistics() { return {}; }
 double last_gpu_milliseconds() { return 0.0; }
 NativeHandles native_handles() { throw Error("config.backend", "the Vulkan backend is not part of this build"); }
 

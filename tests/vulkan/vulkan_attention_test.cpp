@@ -255,5 +255,33 @@ TEST_F(VulkanTest, DescribeNamesKernelAndDevice) {
   EXPECT_TRUE(std::any_of(all.begin(), all.end(), [&](const vulkan::DeviceInfo& x) { return x.name == dev.name; }));
 }
 
+// The driver's statistics of the pipelines a run made: nothing unless asked for (vulkan_main.cpp's
+// --pipeline-statistics, which scripts/gpu-check passes on a GPU); asked for, none where the device does not offer
+// VK_KHR_pipeline_executable_properties (lavapipe), else lines "shader [constants] executable: name = value",
+// among them the kernel that ran.
+TEST_F(VulkanTest, PipelineStatisticsOnlyWhenAskedAndNameTheKernels) {
+  CaseSpec s = det_spec(1, 4, 4, 70, 90, 64, false);
+  CaseData data(s, DType::f16, 3);
+  Attention op(data.problem(), vulkan_config("rows"));
+  op.run(data.args());
+  const std::vector<std::string> lines = vulkan::pipeline_statistics();
+  std::printf("%zu statistics lines (%s)\n", lines.size(), pipeline_statistics_asked() ? "asked for" : "not asked for");
+  if (!pipeline_statistics_asked()) {
+    EXPECT_TRUE(lines.empty()) << lines.front();
+    return;
+  }
+  for (const std::string& line : lines) {
+    std::printf("  %s\n", line.c_str());
+    EXPECT_TRUE(line.rfind("attention_", 0) == 0 || line.rfind("split_merge", 0) == 0) << line;
+    EXPECT_NE(line.find("] "), std::string::npos) << line;
+    EXPECT_NE(line.find(" = "), std::string::npos) << line;
+  }
+  if (!lines.empty()) {
+    EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+      return l.rfind("attention_rows", 0) == 0;
+    })) << "no line for the rows kernel that ran";
+  }
+}
+
 }  // namespace
 }  // namespace attnkit::test

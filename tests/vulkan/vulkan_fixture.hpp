@@ -12,6 +12,14 @@
 #include <string>
 
 namespace attnkit::test {
+
+// Whether the program asked the backend for its pipelines' statistics (vulkan_main.cpp: --pipeline-statistics);
+// inline, one flag for every file of the program.
+inline bool& pipeline_statistics_asked() {
+  static bool asked = false;
+  return asked;
+}
+
 namespace {
 
 bool have_vulkan() {
