@@ -335,9 +335,11 @@ inline std::vector<std::uint8_t> check_batch(const Batch& batch, const BatchSpec
   runner(op, batch, o, lse);
   const std::size_t es = dtype_size(s.dtype);
   std::vector<bool> written(o.size() / es, false);
-  // The LSE is float32, but the CUDA tensor-core kernels sum probabilities rounded to the element type (so that
-  // numerator and denominator agree), which moves it by about that type's rounding.
-  const double lse_bound = backend == Backend::Cuda && s.dtype != DType::f32 ? testing::tolerance(s.dtype) : testing::cpu_lse_tolerance(s.dtype);
+  // The LSE is float32, but the CUDA tensor-core kernels and the Vulkan matrix kernel sum probabilities rounded to
+  // the element type (so that numerator and denominator agree), which moves it by about that type's rounding (the
+  // contract's bound for float16 / bfloat16, docs/numerics.md); the other kernels hold the CPU's tighter bound.
+  const bool rounded_p = backend == Backend::Cuda || (backend == Backend::Vulkan && config.plan.kernel == "coopmat");
+  const double lse_bound = rounded_p && s.dtype != DType::f32 ? testing::tolerance(s.dtype) : testing::cpu_lse_tolerance(s.dtype);
   for (std::int64_t b = 0; b < batch.batch(); ++b) {
     Batch::Dense d = batch.dense(b);
     std::vector<std::uint8_t> dense_o;

@@ -61,9 +61,10 @@ TEST(VulkanPlan, MatrixKernelWhereTheDeviceHasMatrices) {
   EXPECT_NE(describe(plan_for(problem(1, 1, 1, 1, 64, DType::f32), gpu(true))).find("float16 only"), std::string::npos);
 }
 
-// Ragged and paged batches run on rows only: on a device with matrices the plan takes rows for float16 and says
-// why; forcing coopmat is an Error naming config.plan.kernel.
-TEST(VulkanPlan, SequencesTakeTheRowsKernel) {
+// Ragged and paged batches: on a device with matrices the plan takes rows for float16 and says why (the matrix
+// build has not run them on a GPU yet); forced, coopmat takes them (its matrix build, or the emulated one where the
+// device has no matrices), in float16 only.
+TEST(VulkanPlan, SequencesTakeTheRowsKernelUnlessCoopmatIsForced) {
   AttentionProblem ragged = AttentionProblem::head_first(3, 8, 8, 64, 200, 64, DType::f16);
   ragged.sequences.ragged_q = true;
   ragged.sequences.total_q = 150;
@@ -75,15 +76,22 @@ TEST(VulkanPlan, SequencesTakeTheRowsKernel) {
   for (const AttentionProblem& p : {core::normalize_and_check(ragged), core::normalize_and_check(paged)}) {
     const VulkanPlan plan = plan_for(p, gpu(true));
     EXPECT_EQ(plan.kernel, VulkanPlan::Kernel::Rows);
-    EXPECT_NE(describe(plan).find("ragged and paged sequences run on the rows kernel only"), std::string::npos)
+    EXPECT_NE(describe(plan).find("coopmat runs ragged and paged sequences only where forced"), std::string::npos)
         << describe(plan);
+    const VulkanPlan forced = plan_for(p, gpu(true), {"coopmat", 0});
+    EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
+    EXPECT_FALSE(forced.emulated_matrices);
+    EXPECT_TRUE(plan_for(p, gpu(false), {"coopmat", 0}).emulated_matrices);
+    EXPECT_EQ(plan_for(p, gpu(false)).kernel, VulkanPlan::Kernel::Rows);
+    EXPECT_EQ(plan_for(p, gpu(true), {"rows", 3}).splits, 3);
+    AttentionProblem f32 = p;
+    f32.dtype = DType::f32;
     try {
-      (void)plan_for(p, gpu(true), {"coopmat", 0});
-      ADD_FAILURE() << "coopmat accepted a batch with sequences";
+      (void)plan_for(f32, gpu(true), {"coopmat", 0});
+      ADD_FAILURE() << "coopmat accepted a float32 batch with sequences";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "config.plan.kernel") << e.what();
     }
-    EXPECT_EQ(plan_for(p, gpu(true), {"rows", 3}).splits, 3);
   }
 }
 

@@ -3,9 +3,11 @@
 // (tests/sequences_batch.hpp builds the random batches and checks them, as for the CPU and CUDA backends: empty
 // sequences, length 1, queries longer than keys, causal bottom-right, random page permutations, NHD and HND
 // pages of 1, 3, 16 and 48 rows, shared prefix pages). Each batch runs unsplit and through a forced split and merge
-// pass; reruns and one-workgroup cuts give the same bits; rows past every sequence keep the caller's bytes (O and
-// the LSE); bad host values are refused by name with nothing written; the matrix kernel and the device-buffer
-// path refuse sequences by name. Every test fails on any validation-layer error. Without a device they skip.
+// pass, on the rows kernel and (float16) on the matrix kernel forced (its matrix build on a device with cooperative
+// matrices, its emulated build elsewhere); reruns and one-workgroup cuts give the same bits; rows past every
+// sequence keep the caller's bytes (O and the LSE); bad host values are refused by name with nothing written; the
+// device-buffer path refuses sequences by name. Every test fails on any validation-layer error. Without a device
+// they skip.
 #include "sequences_batch.hpp"
 #include "vulkan_fixture.hpp"
 
@@ -28,7 +30,8 @@ std::set<std::int64_t> owned_lse(const Batch& batch, const BatchSpec& s) {
 
 // Runs the batch on the host path and checks it against the reference (check_batch: every sequence's rows, and
 // the O elements of no sequence untouched); also that the LSE of rows past every sequence keeps its poison and
-// that the plan is the one expected (`phrase` in describe()). Returns O's bytes.
+// that the plan is the one expected (`phrase` in describe(), on the kernel the config forces or else rows).
+// Returns O's bytes.
 std::vector<std::uint8_t> check_on_vulkan(const Batch& batch, const BatchSpec& s, const AttentionConfig& config,
                                           const std::string& phrase) {
   std::vector<float> lse_after;
@@ -40,7 +43,8 @@ std::vector<std::uint8_t> check_on_vulkan(const Batch& batch, const BatchSpec& s
   };
   const auto out = check_batch(batch, s, config, runner);
   EXPECT_NE(described.find(phrase), std::string::npos) << described;
-  EXPECT_NE(described.find("vulkan.rows"), std::string::npos) << described;
+  const std::string kernel = "vulkan." + (config.plan.kernel.empty() ? std::string("rows") : config.plan.kernel);
+  EXPECT_NE(described.find(kernel), std::string::npos) << described;
   if (s.lse) {
     const std::set<std::int64_t> owned = owned_lse(batch, s);
     const std::vector<float> poison = batch.lse_buffer();
@@ -51,18 +55,26 @@ std::vector<std::uint8_t> check_on_vulkan(const Batch& batch, const BatchSpec& s
   return out;
 }
 
-// The properties every batch owes: it matches the reference unsplit and forced into three key ranges (merge
-// pass), and reruns, a second plan and one-workgroup cuts (work_budget = 1) of either give the same bits.
-void check_everything(const BatchSpec& spec, std::uint64_t seed) {
+// The properties every batch owes on one kernel ("" the plan's, which is rows): it matches the reference unsplit
+// and forced into three key ranges (merge pass), and reruns, a second plan and one-workgroup cuts (work_budget = 1)
+// of either give the same bits.
+void check_on_kernel(const BatchSpec& spec, std::uint64_t seed, const std::string& kernel) {
+  SCOPED_TRACE("kernel " + (kernel.empty() ? std::string("(the plan's)") : kernel));
   BatchSpec s = spec;
   const Batch batch(s, seed);
-  const auto whole = check_on_vulkan(batch, s, vulkan_config(), "vulkan.rows");
-  EXPECT_EQ(check_on_vulkan(batch, s, vulkan_config(), "vulkan.rows"), whole) << "a rerun differs";
-  const auto split = check_on_vulkan(batch, s, vulkan_config("", 3), "split-k=");
+  const auto whole = check_on_vulkan(batch, s, vulkan_config(kernel), "vulkan.");
+  EXPECT_EQ(check_on_vulkan(batch, s, vulkan_config(kernel), "vulkan."), whole) << "a rerun differs";
+  const auto split = check_on_vulkan(batch, s, vulkan_config(kernel, 3), "split-k=");
   s.work_budget = 1;  // one workgroup per launch
   const Batch cut(s, seed);
-  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config(), "launches"), whole) << "the cut call differs";
-  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config("", 3), "launches"), split) << "the cut split call differs";
+  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config(kernel), "launches"), whole) << "the cut call differs";
+  EXPECT_EQ(check_on_vulkan(cut, s, vulkan_config(kernel, 3), "launches"), split) << "the cut split call differs";
+}
+
+// Every batch on the plan's kernel (rows), and float16 batches of head dims up to 128 on the matrix kernel forced.
+void check_everything(const BatchSpec& spec, std::uint64_t seed) {
+  check_on_kernel(spec, seed, "");
+  if (spec.dtype == DType::f16 && std::max(spec.head_dim, spec.v_head_dim) <= 128) check_on_kernel(spec, seed, "coopmat");
 }
 
 class VulkanSequences : public VulkanTest {};
@@ -147,22 +159,30 @@ TEST_F(VulkanSequences, BadHostValuesAreRejectedByNameWithNothingWritten) {
   for (const BadSequenceValue& bad : bad_sequence_values()) expect_rejected(bad, vulkan_config());
 }
 
-// The matrix kernel runs dense batches only: the plan takes rows and says why; forced, it is an Error naming the
-// argument. The device-buffer path cannot check cu_seqlens or block tables in device memory: refused by name.
-TEST_F(VulkanSequences, MatrixKernelAndDeviceBuffersRefuseSequencesByName) {
+// On a device with matrices the plan keeps sequences on rows and says why; forced, the matrix kernel takes float16
+// batches (the tests above run them) and refuses other dtypes by name. The device-buffer path cannot check
+// cu_seqlens or block tables in device memory: refused by name.
+TEST_F(VulkanSequences, MatrixKernelOnlyWhereForcedAndDeviceBuffersRefuseSequencesByName) {
   for (const BatchSpec& base : {small_ragged(), small_paged()}) {
     BatchSpec s = base;
     s.dtype = DType::f16;
     const Batch batch(s, 3);
     const std::string described = Attention(batch.problem(), vulkan_config()).describe();
     EXPECT_NE(described.find("vulkan.rows"), std::string::npos) << described;
-    EXPECT_NE(described.find("ragged and paged sequences run on the rows kernel only"), std::string::npos) << described;
+    if (vulkan::current_device().cooperative_matrix) {
+      EXPECT_NE(described.find("coopmat runs ragged and paged sequences only where forced"), std::string::npos)
+          << described;
+    }
+    const std::string forced = Attention(batch.problem(), vulkan_config("coopmat")).describe();
+    EXPECT_NE(forced.find("vulkan.coopmat"), std::string::npos) << forced;
+    BatchSpec b = base;
+    b.dtype = DType::bf16;
     try {
-      Attention op(batch.problem(), vulkan_config("coopmat"));
-      ADD_FAILURE() << "coopmat accepted a batch with sequences";
+      Attention op(Batch(b, 3).problem(), vulkan_config("coopmat"));
+      ADD_FAILURE() << "coopmat accepted a bfloat16 batch";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "config.plan.kernel") << e.what();
-      EXPECT_NE(std::string(e.what()).find("rows kernel only"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("float16 only"), std::string::npos) << e.what();
     }
     try {
       vulkan::DeviceAttention op(batch.problem());

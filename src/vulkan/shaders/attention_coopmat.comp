@@ -110,14 +110,16 @@ struct Row {
   ivec2 keys;
 };
 
-// Local row `local` (0..63) of workgroup (b, kvh, row_block), within key range [range_begin, range_end).
-Row row_of(uint local, uint row_block, uint b, uint kvh, int range_begin, int range_end) {
+// Local row `local` (0..63) of workgroup (b, kvh, row_block), within key range [range_begin, range_end). Rows of
+// the entry's longest possible query count (q_len): those past its own (ragged queries) have no row.
+Row row_of(uint local, uint row_block, SequenceRows seq, uint kvh, int range_begin, int range_end) {
   Row x;
   const uint r = row_block * uint(WG) + local;
-  x.has_row = r < P.group * P.q_len;
-  x.i = x.has_row ? r % P.q_len : 0u;
-  x.h = kvh * P.group + (x.has_row ? r / P.q_len : 0u);
-  x.keys = visible_keys(b, x.i);
+  const bool in_rows = r < P.group * P.q_len;
+  x.i = in_rows ? r % P.q_len : 0u;
+  x.h = kvh * P.group + (in_rows ? r / P.q_len : 0u);
+  x.has_row = in_rows && int(x.i) < seq.queries;
+  x.keys = visible_keys(seq, x.i);
   x.keys.x = max(x.keys.x, range_begin);
   x.keys.y = min(x.keys.y, range_end);
   x.sees = x.has_row && x.keys.x < x.keys.y;
@@ -128,19 +130,19 @@ Row row_of(uint local, uint row_block, uint b, uint kvh, int range_begin, int ra
 // a thread's loads are in flight together. The loops run to a fixed bound (8: 64 keys of 128 dims) and test the
 // real one inside, so they unroll and the arrays stay in registers.
 const int MAX_PER_THREAD = 8;
-void load_tiles(int tile, int hi, uint b, uint kvh) {
+void load_tiles(int tile, int hi, SequenceRows seq, uint b, uint kvh) {
   const int t = int(gl_LocalInvocationID.x);
   const bool k_whole = whole_groups(P.lk, D), v_whole = whole_groups(P.lv, DV);
   uvec4 k_got[MAX_PER_THREAD], v_got[MAX_PER_THREAD];
   [[unroll]] for (int n = 0; n < MAX_PER_THREAD; ++n) {
     const int e = t + 128 * n, j = tile + e / QU, d = e % QU * 8;
     k_got[n] = uvec4(0u);
-    if (e < TK * QU && j < hi) k_got[n] = load8(1u, at(P.lk, b, kvh, uint(j)) + uint(d), d, D, k_whole);
+    if (e < TK * QU && j < hi) k_got[n] = load8(1u, key_at(P.lk, seq, b, kvh, uint(j)) + uint(d), d, D, k_whole);
   }
   [[unroll]] for (int n = 0; n < MAX_PER_THREAD; ++n) {
     const int e = t + 128 * n, j = tile + e / VU, d = e % VU * 8;
     v_got[n] = uvec4(0u);
-    if (e < TK * VU && j < hi) v_got[n] = load8(2u, at(P.lv, b, kvh, uint(j)) + uint(d), d, DV, v_whole);
+    if (e < TK * VU && j < hi) v_got[n] = load8(2u, key_at(P.lv, seq, b, kvh, uint(j)) + uint(d), d, DV, v_whole);
   }
   [[unroll]] for (int n = 0; n < MAX_PER_THREAD; ++n) {
     const int e = t + 128 * n;
@@ -318,15 +320,15 @@ void matrix_accumulate(uint sg, uint row, uint half_index, float alpha) {
 #endif
 
 // The workgroup's rows staged in smem (rows that see no key stage zeros), and the union of their key ranges.
-ivec2 stage_queries(uint row_block, uint b, uint kvh, int range_begin, int range_end, Row me) {
+ivec2 stage_queries(uint row_block, SequenceRows seq, uint b, uint kvh, int range_begin, int range_end, Row me) {
   const uint t = gl_LocalInvocationID.x;
   if (t == 0u) { range_lo = 0x7fffffffu; range_hi = 0u; }
   const bool q_whole = whole_groups(P.lq, D);
   for (uint e = t; e < uint(WG * QU); e += 128u) {
     const uint r = e / uint(QU);
     const int d = int(e % uint(QU)) * 8;
-    const Row x = row_of(r, row_block, b, kvh, range_begin, range_end);
-    smem[Q_AT + r * uint(QS) + e % uint(QU)] = x.sees ? load8(0u, at(P.lq, b, x.h, x.i) + uint(d), d, D, q_whole) : uvec4(0u);
+    const Row x = row_of(r, row_block, seq, kvh, range_begin, range_end);
+    smem[Q_AT + r * uint(QS) + e % uint(QU)] = x.sees ? load8(0u, query_at(P.lq, seq, b, x.h, x.i) + uint(d), d, D, q_whole) : uvec4(0u);
   }
   barrier();
   if (me.sees) { atomicMin(range_lo, uint(me.keys.x)); atomicMax(range_hi, uint(me.keys.y)); }
@@ -352,10 +354,11 @@ void main() {
   const uint sg = gl_SubgroupID;
   const uint row = sg * uint(M) + (gl_SubgroupInvocationID >> 1), half_index = gl_SubgroupInvocationID & 1u;
 #endif
-  const Row me = row_of(row, row_block, b, kvh, range_begin, range_end);
+  const SequenceRows seq = sequence_rows(b);
+  const Row me = row_of(row, row_block, seq, kvh, range_begin, range_end);
   const uint mask_row = (P.has_mask != 0u && me.sees) ? at(P.lm, b, me.h, me.i) : 0u;
 
-  const ivec2 range = stage_queries(row_block, b, kvh, range_begin, range_end, me);
+  const ivec2 range = stage_queries(row_block, seq, b, kvh, range_begin, range_end, me);
 #ifndef EMULATED_MATRICES
   load_query_fragments(sg);
 #else
@@ -367,7 +370,7 @@ void main() {
   bool poisoned = false;
   for (int tile = range.x; tile < range.y; tile += TK) {
     barrier();  // the last tile's (and Q's) readers are done
-    load_tiles(tile, range.y, b, kvh);
+    load_tiles(tile, range.y, seq, b, kvh);
     barrier();
 #ifndef EMULATED_MATRICES
     matrix_scores(sg);
@@ -388,13 +391,13 @@ void main() {
   const vec2 fin = finish_row(row_max, row_sum, poisoned, me.h);
   const uint row_id = (b * P.heads + me.h) * P.q_len + me.i;
   const uint at_partial = (split * P.total_rows + row_id) * uint(DV + 3);
-  const uint out_at = at(P.lo, b, me.h, me.i);
+  const uint out_at = query_at(P.lo, seq, b, me.h, me.i);
   if (me.has_row && P.splits > 1u && half_index == 0u) {
     partials[at_partial] = row_max;
     partials[at_partial + 1u] = row_sum;
     partials[at_partial + 2u] = poisoned ? 1.0 : 0.0;
   }
-  if (me.has_row && P.splits == 1u && half_index == 0u && P.has_lse != 0u) lse_out[at(P.llse, b, me.h, me.i)] = fin.y;
+  if (me.has_row && P.splits == 1u && half_index == 0u && P.has_lse != 0u) lse_out[query_at(P.llse, seq, b, me.h, me.i)] = fin.y;
   [[unroll]] for (int c = 0; c < MAX_CHUNKS; ++c) {  // (unrolled: a loop index into `of` would put it in memory)
     if (c >= DVP / M) break;
     ROWS_SYNC();  // the scores region's last readers are done
