@@ -27,7 +27,7 @@ inline std::vector<unsigned char> random_values(std::int64_t n, DType t, std::mt
       const auto half = static_cast<std::uint16_t>(bits >> 16);
       std::memcpy(at, &half, 2);
     } else {
-      const _Float16 h = static_cast<_Float16>(x);
+      const std::uint16_t h = float_to_half_bits(x);
       std::memcpy(at, &h, 2);
     }
   }

@@ -45,9 +45,9 @@ double median(std::vector<double> v) {
 }
 
 float half_to_float(const unsigned char* at) {
-  _Float16 h;
+  std::uint16_t h;
   std::memcpy(&h, at, 2);
-  return static_cast<float>(h);
+  return half_bits_to_float(h);
 }
 
 // The largest difference between the first `count` values of two float16 outputs.
