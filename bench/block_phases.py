@@ -11,7 +11,7 @@ import re
 import statistics
 import sys
 
-# What each mark ends (the mark numbers in attention_wgmma.cu / attention_mma.cu).
+# What each mark ends (the mark numbers in attention_wgmma_kernel-inl.cuh / attention_mma.cu).
 NAMES = {
     "wgmma": ["block coordinates", "barriers, early copies", "row setup", "Q landed", "K tile 0 landed",
               "tile 0 (S, softmax)", "later tiles", "last P V", "finish (normalise, store)"],

@@ -124,7 +124,7 @@ __device__ __forceinline__ void stored_chunk_pairs(const std::uint32_t (&words)[
 
 // A stored tile (kTileKeys rows of kRawRow bytes, int8 or int4) as the element-type tile of its integers in wgmma's
 // 128-byte-swizzle layout (swizzled_chunk), by the 128 threads of a warpgroup (`thread` 0-127): one 16-byte unit
-// of a stored row, 16 or 32 values, per thread and step (attention_wgmma.cu's converting warpgroup).
+// of a stored row, 16 or 32 values, per thread and step (attention_wgmma_kernel-inl.cuh's converting warpgroup).
 template <class T, class S, int kTileKeys, int kRawRow>
 __device__ __forceinline__ void stored_tile_to_swizzled(const std::uint8_t* raw, std::uint8_t* tile, int thread) {
   constexpr int kUnitsPerRow = kRawRow / 16;  // 16-byte units of a stored row

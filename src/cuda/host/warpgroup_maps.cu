@@ -130,7 +130,7 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
 // (`group` heads fastest, then rows / group queries), 64 columns per box, in the 128-byte swizzle; queries past
 // q_len read as zeros. Only where a block's rows start on a query (rows % group == 0) and are row_of's (no ragged
 // or paged sequences), from float K/V's blocks (a quantized cache's build folds K's scales into its own copy).
-// The kernel takes it where nothing else touches Q first (attention_wgmma.cu's q_by_tma).
+// The kernel takes it where nothing else touches Q first (attention_wgmma_kernel-inl.cuh's q_by_tma).
 bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   const std::int64_t g = p.group;
   const std::int64_t rows = warpgroup_rows(p.head_dim, KvType::Float);
