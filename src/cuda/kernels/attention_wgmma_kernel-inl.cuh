@@ -40,6 +40,47 @@ namespace {
 
 using namespace wgmma_block;  // (sm90/wgmma_block_layout.cuh)
 
+// O += P V_t over the tile's first kKeys keys, P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the
+// 64-column blocks of V are kTileKeys x 128 bytes apart. O's kV columns as MMAs of kOutN (head dim 256 as two of
+// 128: N is at most 256, and two halves keep each MMA's operand list at 64 registers; 192 as three of 64). kSums:
+// the rows' sums of P on the tensor cores too (sm90::RowSums, `ones`). kThree: V's descriptors as v_desc plus a
+// constant (one add per MMA, not the address's fields again).
+template <class T, int D, int kV, int kOutN, int kTileKeys, int kKeys, bool kThree, bool kSums>
+__device__ __forceinline__ void issue_values(float (&o)[D / 8][4], float (&sums)[1][4],
+                                             const std::uint32_t (&a)[kTileKeys / 16][4], std::uint32_t v_addr,
+                                             std::uint64_t v_desc, std::uint64_t ones) {
+#pragma unroll
+  for (int h = 0; h < kV / kOutN; ++h) {
+    auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const std::uint32_t at = h * (kOutN / 64) * kTileKeys * 128 + kk * 2048;
+      sm90::Wgmma<T, kOutN>::rs(out, a[kk], kThree ? v_desc + (at >> 4)
+                                                  : sm90::swizzle128_desc(v_addr + at, kTileKeys * 128, 1024));
+    }
+  }
+  if constexpr (kSums) {
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) sm90::RowSums<T>::rs(sums, a[kk], ones);
+  }
+}
+
+// stage(keys) with `keys` a constant in each branch: the fewest of 32, 64, 96 or all kTileKeys keys of a tile that
+// hold its first `visible` keys. Each branch is a whole pipeline stage, from the MMAs' fence to their wait: ptxas
+// serialises the MMAs of a stage that spans a branch.
+template <int kTileKeys, class Stage>
+__device__ __forceinline__ void at_tile_keys(int visible, Stage stage) {
+  if (visible <= 32) {
+    stage(32);
+  } else if (visible <= 64) {
+    stage(64);
+  } else if (visible <= 96 && kTileKeys > 96) {
+    stage(96);
+  } else {
+    stage(kTileKeys);
+  }
+}
+
 // kPlain: the build for runs_plain problems (kernel_params.cuh): no row tables, no rule, mask, softcap, sink,
 // rotary or split compiled in. A one-tile block runs every instruction of its path once, fetched cold, and the
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
@@ -563,28 +604,22 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
     sm90::commit();
   };
-  // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
-  // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
-  // two halves keep each MMA's operand list at 64 registers), 192 as three of 64.
+  // O += P V_t over the tile's first `keys` keys: 32, 64, 96 (at_tile_keys' constants, so that the branches fold
+  // away) or the whole tile (issue_values).
   constexpr int kOutN = kV % 128 != 0 && kV > 128 ? 64 : kV > 128 ? 128 : kV;
   static_assert(kV % kOutN == 0, "whole MMAs of output columns");
-  auto issue_pv = [&](int t) {
+  auto issue_pv = [&](int t, int keys) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + ((ring + t) % kSlots) * kTileBytes);
     const std::uint64_t slot_desc = plus(v_desc, ((ring + t) % kSlots) * kTileBytes);
-#pragma unroll
-    for (int h = 0; h < kV / kOutN; ++h) {
-      auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-        const std::uint32_t at = h * (kOutN / 64) * kTileKeys * 128 + kk * 2048;
-        sm90::Wgmma<T, kOutN>::rs(out, a[kk],
-                                  kThree ? plus(slot_desc, at)
-                                         : sm90::swizzle128_desc(v_addr + at, kTileKeys * 128, 1024));
-      }
-    }
-    if constexpr (kSumsOnTensorCores) {
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) sm90::RowSums<T>::rs(sums, a[kk], ones_desc);
+    constexpr bool kSums = kSumsOnTensorCores;
+    if (keys == 32) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 32, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else if (keys == 64) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 64, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else if (keys == 96 && kTileKeys > 96) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 96, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else {
+      issue_values<T, D, kV, kOutN, kTileKeys, kTileKeys, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
     }
     sm90::commit();
   };
@@ -643,6 +678,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
   };
 
+  // The last tile of a short key range or under a causal rule is often partial: this warpgroup's rows see at most
+  // its first last_keys keys (ViT's 257 keys: 1 of the third tile; a causal block of 32 queries of a 4-head
+  // group: 16-128 keys of its last). Its O += P V runs over those keys' k-steps only (at_tile_keys): P is 0 for
+  // every key past them (past every row's end), so the skipped products would add exact zeros and the bits are
+  // the whole tile's. (The general build: the per-warp bounds of setup_rows' lo_hi. Broadcast, so that ptxas
+  // sees a warp-uniform branch.) S keeps the whole tile: its MMAs narrowed the same way left ptxas short of
+  // registers for the MMA pipeline in most builds (C7511, the MMAs serialised).
+  const int warpgroup_hi = kPlain ? hi : max(tables.lo_hi[8 * warpgroup + 1], tables.lo_hi[8 * warpgroup + 5]);
+  const int last_keys = __shfl_sync(0xffffffffu, min(warpgroup_hi, hi) - (first_tile + (tiles - 1) * kTileKeys), 0);
+
   for (int unit = 0;; ++unit) {  // (one unit of work unless kPersistent)
     if constexpr (kThree) {
       // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
@@ -669,9 +714,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         prepare_v(t);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-        sm90::fence();
-        issue_pv(t);
-        sm90::wait<0>();
+        auto pv_stage = [&](int keys) {
+          sm90::fence();
+          issue_pv(t, keys);
+          sm90::wait<0>();
+        };
+        at_tile_keys<kTileKeys>(t + 1 < tiles ? kTileKeys : last_keys, pv_stage);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
@@ -716,7 +764,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         sm90::fence();
         issue_qk(t, s);
-        issue_pv(t - 1);
+        issue_pv(t - 1, kTileKeys);
         if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
           sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
         }
@@ -737,9 +785,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         prepare_v(tiles - 1);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-        sm90::fence();
-        issue_pv(tiles - 1);
-        sm90::wait<0>();
+        auto pv_stage = [&](int keys) {
+          sm90::fence();
+          issue_pv(tiles - 1, keys);
+          sm90::wait<0>();
+        };
+        at_tile_keys<kTileKeys>(last_keys, pv_stage);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
