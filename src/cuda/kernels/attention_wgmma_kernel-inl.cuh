@@ -81,6 +81,31 @@ __device__ __forceinline__ void at_tile_keys(int visible, Stage stage) {
   }
 }
 
+// The pipeline stage of S_t for a tile whose first `visible` keys count (issue(into, keys): the fence and the
+// stage's MMAs, S over the tile's first `keys` keys; end(): their wait). S covers the first 64 keys where they
+// hold the visible ones (and the tile has more), else the whole tile; each branch is a whole stage, since ptxas
+// serialises the MMAs of a stage that spans a branch. One narrow width only: with 32 and 96 as well ptxas ran
+// out of registers for the MMA pipeline in most builds (C7511: serialised); 64 alone or 32 alone compiled clean,
+// and 64 saves the most over visible counts spread evenly. A narrow S lands in an array of its own, copied into s
+// after the wait with zeros past it: into s's first registers, with the others live across the stage, the MMAs
+// were serialised and spilled.
+template <int kTileKeys, class Issue, class End>
+__device__ __forceinline__ void scores_stage(float (&s)[kTileKeys / 8][4], int visible, Issue issue, End end) {
+  if (visible > 64 || kTileKeys <= 64) {
+    issue(s, kTileKeys);
+    end();
+    return;
+  }
+  float part[kTileKeys / 8][4];
+  issue(part, 64);
+  end();
+#pragma unroll
+  for (int j = 0; j < kTileKeys / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = j < 8 ? part[j][e] : 0.0f;
+  }
+}
+
 // kPlain: the build for runs_plain problems (kernel_params.cuh): no row tables, no rule, mask, softcap, sink,
 // rotary or split compiled in. A one-tile block runs every instruction of its path once, fetched cold, and the
 // general path's setup, visibility tests and finish branches were most of it (bench/results/, the PC sampling of
@@ -580,14 +605,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const std::uint64_t k_desc = sm90::swizzle128_desc(sm90::smem_u32(ks), 16, 1024);
   const std::uint64_t v_desc = sm90::swizzle128_desc(sm90::smem_u32(vs), kTileKeys * 128, 1024);
   auto plus = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
-  auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
+  // (keys: the tile's first 64 keys (at_score_keys' constant) or all; s's other columns are left as they are)
+  auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4], int keys) {
+    const bool narrow = keys == 64 && kTileKeys > 64;
     const std::uint32_t k_addr = sm90::smem_u32(ks + ((ring + t) % kSlots) * kTileBytes);
     if constexpr (kThree) {
       const std::uint64_t slot_desc = plus(k_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
 #pragma unroll
-        for (int n = 0; n < kTileKeys / kScoreN; ++n) {
+        for (int n = 0; n < (narrow ? 64 : kTileKeys) / kScoreN; ++n) {
           sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
                                       plus(q_desc, (kk / 4) * kBlockRows * 128 + (kk % 4) * 32),
                                       plus(slot_desc, (kk / 4) * kTileKeys * 128 + n * kScoreN * 128 + (kk % 4) * 32),
@@ -598,8 +625,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
         const std::uint32_t at = (kk % 4) * 32;
-        sm90::Wgmma<T, kScoreN>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
-                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
+        const std::uint64_t q_at = sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024);
+        const std::uint64_t k_at = sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024);
+        if (narrow) {
+          sm90::Wgmma<T, 64>::ss(*reinterpret_cast<float(*)[8][4]>(&s[0]), q_at, k_at, kk > 0);
+        } else {
+          sm90::Wgmma<T, kScoreN>::ss(s, q_at, k_at, kk > 0);
+        }
       }
     }
     sm90::commit();
@@ -680,11 +712,11 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 
   // The last tile of a short key range or under a causal rule is often partial: this warpgroup's rows see at most
   // its first last_keys keys (ViT's 257 keys: 1 of the third tile; a causal block of 32 queries of a 4-head
-  // group: 16-128 keys of its last). Its O += P V runs over those keys' k-steps only (at_tile_keys): P is 0 for
-  // every key past them (past every row's end), so the skipped products would add exact zeros and the bits are
-  // the whole tile's. (The general build: the per-warp bounds of setup_rows' lo_hi. Broadcast, so that ptxas
-  // sees a warp-uniform branch.) S keeps the whole tile: its MMAs narrowed the same way left ptxas short of
-  // registers for the MMA pipeline in most builds (C7511, the MMAs serialised).
+  // group: 16-128 keys of its last). Its S covers the tile's first 64 keys where they hold them (scores_stage),
+  // its O += P V those keys' k-steps only (at_tile_keys). Every key past them lies past every row's end: its score
+  // is -inf whatever S holds there and its P is 0, so the skipped products would add exact zeros and the bits are
+  // the whole tile's. (The general build: the per-warp bounds of setup_rows' lo_hi. Broadcast, so that ptxas sees
+  // a warp-uniform branch.)
   const int warpgroup_hi = kPlain ? hi : max(tables.lo_hi[8 * warpgroup + 1], tables.lo_hi[8 * warpgroup + 5]);
   const int last_keys = __shfl_sync(0xffffffffu, min(warpgroup_hi, hi) - (first_tile + (tiles - 1) * kTileKeys), 0);
 
@@ -699,9 +731,13 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 #pragma unroll
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         sm90::mbarrier_wait(&k_full[slot], ((ring + t) / kSlots) % 2);
-        sm90::fence();
-        issue_qk(t, s);
-        sm90::wait<0>();
+        scores_stage<kTileKeys>(
+            s, t + 1 < tiles ? kTileKeys : last_keys,
+            [&](float (&into)[kTileKeys / 8][4], int keys) {
+              sm90::fence();
+              issue_qk(t, into, keys);
+            },
+            [] { sm90::wait<0>(); });
         sm90::pin(s);
         release(&k_empty[slot]);
         if (kPersistent && t + 1 == tiles) release(q_empty);  // the next unit's Q may land
@@ -737,12 +773,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::mbarrier_wait(&k_full[0], 0);
         ATTNKIT_PHASE(5)
         if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-        sm90::fence();
-        issue_qk(0, s);
-        if (!solo && (warpgroup == 0 || tiles > 1)) {
-          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-        }
-        sm90::wait<0>();
+        scores_stage<kTileKeys>(
+            s, tiles > 1 ? kTileKeys : last_keys,
+            [&](float (&into)[kTileKeys / 8][4], int keys) {
+              sm90::fence();
+              issue_qk(0, into, keys);
+              if (!solo && (warpgroup == 0 || tiles > 1)) {
+                sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+              }
+            },
+            [] { sm90::wait<0>(); });
         sm90::pin(s);
         release(&k_empty[0]);
         softmax_tile(0, s);
@@ -762,13 +802,17 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         float s[kTileKeys / 8][4];
 #pragma unroll
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        sm90::fence();
-        issue_qk(t, s);
-        issue_pv(t - 1, kTileKeys);
-        if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
-          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-        }
-        sm90::wait<1>();
+        scores_stage<kTileKeys>(
+            s, t + 1 < tiles ? kTileKeys : last_keys,
+            [&](float (&into)[kTileKeys / 8][4], int keys) {
+              sm90::fence();
+              issue_qk(t, into, keys);
+              issue_pv(t - 1, kTileKeys);
+              if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
+                sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+              }
+            },
+            [] { sm90::wait<1>(); });
         sm90::pin(s);
         release(&k_empty[slot]);
         softmax_tile(t, s);
