@@ -660,19 +660,17 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
       // scores of 128 keys and P of the tile before do not fit 136 registers together, so the MMAs of a
       // warpgroup do not overlap its softmax: the other two blocks' warpgroups fill the tensor cores meanwhile.
+      // Its partial last tiles run whole (with them narrowed as below, its plain prefill ran 2-3% slower on an
+      // H200: bench/results/2026-12-07-h200-wgmma-partial-last-tiles.md).
       for (int t = 0; t < tiles; ++t) {
         const int slot = (ring + t) % kSlots;
         float s[kTileKeys / 8][4];
 #pragma unroll
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         sm90::mbarrier_wait(&k_full[slot], ((ring + t) / kSlots) % 2);
-        scores_stage<kTileKeys>(
-            s, t + 1 < tiles ? kTileKeys : last_keys,
-            [&](float (&into)[kTileKeys / 8][4], int keys) {
-              sm90::fence();
-              issue_qk(t, into, keys);
-            },
-            [] { sm90::wait<0>(); });
+        sm90::fence();
+        issue_qk(t, s, kTileKeys);
+        sm90::wait<0>();
         sm90::pin(s);
         release(&k_empty[slot]);
         if (kPersistent && t + 1 == tiles) release(q_empty);  // the next unit's Q may land
@@ -685,12 +683,9 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         prepare_v(t);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-        auto pv_stage = [&](int keys) {
-          sm90::fence();
-          issue_pv(t, keys);
-          sm90::wait<0>();
-        };
-        at_tile_keys<kTileKeys>(t + 1 < tiles ? kTileKeys : last_keys, pv_stage);
+        sm90::fence();
+        issue_pv(t, kTileKeys);
+        sm90::wait<0>();
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
