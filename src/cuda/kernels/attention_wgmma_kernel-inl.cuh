@@ -651,9 +651,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   // its O += P V those keys' k-steps only (at_tile_keys). Every key past them lies past every row's end: its score
   // is -inf whatever S holds there and its P is 0, so the skipped products would add exact zeros and the bits are
   // the whole tile's. (The general build: the per-warp bounds of setup_rows' lo_hi. Broadcast, so that ptxas sees
-  // a warp-uniform branch.)
-  const int warpgroup_hi = kPlain ? hi : max(tables.lo_hi[8 * warpgroup + 1], tables.lo_hi[8 * warpgroup + 5]);
-  const int last_keys = __shfl_sync(0xffffffffu, min(warpgroup_hi, hi) - (first_tile + (tiles - 1) * kTileKeys), 0);
+  // a warp-uniform branch.) Three blocks per SM run every tile whole (below).
+  int last_keys = kTileKeys;
+  if constexpr (!kThree) {
+    const int warpgroup_hi = kPlain ? hi : max(tables.lo_hi[8 * warpgroup + 1], tables.lo_hi[8 * warpgroup + 5]);
+    last_keys = __shfl_sync(0xffffffffu, min(warpgroup_hi, hi) - (first_tile + (tiles - 1) * kTileKeys), 0);
+  }
 
   for (int unit = 0;; ++unit) {  // (one unit of work unless kPersistent)
     if constexpr (kThree) {
