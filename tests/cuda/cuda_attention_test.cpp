@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace attnkit::testing {
@@ -322,6 +323,56 @@ TEST(CudaAttention, PersistentGridGivesOneBlockPerUnitsBits) {
       Attention cut(cut_problem, cuda_config());
       dev.run(cut);
       EXPECT_EQ(first, data.output_bytes()) << "cut call differs from whole call: " << cut.describe();
+    }
+  }
+}
+
+// The wgmma kernel runs a block's last tile's O += P V over the k-steps that hold keys some row of the warpgroup
+// sees (the first 32, 64 or 96 keys of a 128-key tile, 32 of a 64-key one, or all): key counts ending every way
+// inside a tile; causal rules, under which a block's two warpgroups see different counts (a 4-head group's
+// blocks of 32 queries, and 128 queries of one head); random key lengths; head dims of a full build (64, 128),
+// a narrow one (80) and the 64-key tiles of 256; two and three blocks per SM at 64. Each against the reference
+// (O, the LSE, the gaps untouched), rerun and cut into one-block launches bit for bit.
+TEST(CudaAttention, PartialLastTilesMatchTheReferenceOnTheHopperKernel) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "the wgmma kernel runs on compute capability 9.0";
+  struct Shape { std::int64_t heads, kv, q, k; bool causal, lengths; };
+  std::vector<Shape> shapes;
+  for (const std::int64_t k : {1, 20, 33, 64, 80, 97, 128, 140, 161, 190, 257}) {
+    shapes.push_back({4, 4, 70, k, false, false});
+  }
+  for (const std::int64_t k : {33, 97, 161, 257}) shapes.push_back({8, 2, k, k, true, false});
+  shapes.push_back({4, 4, 200, 200, true, false});
+  shapes.push_back({4, 4, 100, 300, true, true});
+  shapes.push_back({8, 2, 150, 190, false, true});
+  for (const std::int64_t d : {64, 80, 128, 256}) {
+    for (const Shape& s : shapes) {
+      for (const DType t : {DType::f16, DType::bf16}) {
+        CaseSpec spec;
+        spec.name = "partial last tiles";
+        spec.batch = 2; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = s.q; spec.k_len = s.k;
+        spec.head_dim = d; spec.causal = s.causal; spec.lse = true; spec.layout = LayoutKind::PositionsFirst;
+        if (s.lengths) spec.key_lengths = KeyLengths::Random;
+        SCOPED_TRACE(std::to_string(s.q) + " x " + std::to_string(s.k) + " heads " + std::to_string(s.heads) + ":" +
+                     std::to_string(s.kv) + (s.causal ? " causal" : "") + (s.lengths ? " lengths" : "") + " d " +
+                     std::to_string(d) + " " + std::string(dtype_name(t)));
+        CaseData data(spec, t, 71);
+        const auto ref = data.reference();
+        DeviceMirror dev(data);
+        std::vector<std::string> seen;
+        for (const std::string plan : {"kernel=wgmma", "kernel=wgmma,off=three"}) {
+          Attention op(data.problem(), cuda_config(plan));
+          const std::string kernel = op.describe();
+          EXPECT_TRUE(runs_on(op, "wgmma")) << kernel;
+          if (!runs_on(op, "wgmma") || std::find(seen.begin(), seen.end(), kernel) != seen.end()) continue;
+          seen.push_back(kernel);
+          dev.run(op);
+          EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+          EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+          EXPECT_TRUE(data.gaps_untouched()) << kernel;
+          expect_rerun_and_cut_equal(data, dev, op, data.output_bytes(), plan);
+        }
+      }
     }
   }
 }

@@ -27,6 +27,7 @@
 #include "cuda/common/fragment_softmax.cuh"
 #include "cuda/sm90/hopper.cuh"
 #include "cuda/sm90/wgmma_block_layout.cuh"
+#include "cuda/sm90/wgmma_tile_mmas.cuh"
 #include "cuda/config/tile_table.hpp"
 #include "cuda/host/kernel_launchers.hpp"
 #include "cuda/common/query_tile.cuh"
@@ -539,14 +540,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const std::uint64_t k_desc = sm90::swizzle128_desc(sm90::smem_u32(ks), 16, 1024);
   const std::uint64_t v_desc = sm90::swizzle128_desc(sm90::smem_u32(vs), kTileKeys * 128, 1024);
   auto plus = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
-  auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4]) {
+  // (keys: the tile's first 64 keys (at_score_keys' constant) or all; s's other columns are left as they are)
+  auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4], int keys) {
+    const bool narrow = keys == 64 && kTileKeys > 64;
     const std::uint32_t k_addr = sm90::smem_u32(ks + ((ring + t) % kSlots) * kTileBytes);
     if constexpr (kThree) {
       const std::uint64_t slot_desc = plus(k_desc, ((ring + t) % kSlots) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
 #pragma unroll
-        for (int n = 0; n < kTileKeys / kScoreN; ++n) {
+        for (int n = 0; n < (narrow ? 64 : kTileKeys) / kScoreN; ++n) {
           sm90::Wgmma<T, kScoreN>::ss(*reinterpret_cast<float(*)[kScoreN / 8][4]>(&s[n * (kScoreN / 8)]),
                                       plus(q_desc, (kk / 4) * kBlockRows * 128 + (kk % 4) * 32),
                                       plus(slot_desc, (kk / 4) * kTileKeys * 128 + n * kScoreN * 128 + (kk % 4) * 32),
@@ -557,34 +560,33 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
         const std::uint32_t at = (kk % 4) * 32;
-        sm90::Wgmma<T, kScoreN>::ss(s, sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024),
-                                    sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024), kk > 0);
+        const std::uint64_t q_at = sm90::swizzle128_desc(q_addr + (kk / 4) * kBlockRows * 128 + at, 16, 1024);
+        const std::uint64_t k_at = sm90::swizzle128_desc(k_addr + (kk / 4) * kTileKeys * 128 + at, 16, 1024);
+        if (narrow) {
+          sm90::Wgmma<T, 64>::ss(*reinterpret_cast<float(*)[8][4]>(&s[0]), q_at, k_at, kk > 0);
+        } else {
+          sm90::Wgmma<T, kScoreN>::ss(s, q_at, k_at, kk > 0);
+        }
       }
     }
     sm90::commit();
   };
-  // O += P V_t with P in `a`: 16 keys are 2 swizzle patterns (2048 bytes) on; the 64-column blocks of V are
-  // kTileKeys x 128 bytes apart. Head dim 256 runs as two MMAs of 128 output columns (N is at most 256, and
-  // two halves keep each MMA's operand list at 64 registers), 192 as three of 64.
+  // O += P V_t over the tile's first `keys` keys: 32, 64, 96 (at_tile_keys' constants, so that the branches fold
+  // away) or the whole tile (issue_values).
   constexpr int kOutN = kV % 128 != 0 && kV > 128 ? 64 : kV > 128 ? 128 : kV;
   static_assert(kV % kOutN == 0, "whole MMAs of output columns");
-  auto issue_pv = [&](int t) {
+  auto issue_pv = [&](int t, int keys) {
     const std::uint32_t v_addr = sm90::smem_u32(vs + ((ring + t) % kSlots) * kTileBytes);
     const std::uint64_t slot_desc = plus(v_desc, ((ring + t) % kSlots) * kTileBytes);
-#pragma unroll
-    for (int h = 0; h < kV / kOutN; ++h) {
-      auto& out = *reinterpret_cast<float(*)[kOutN / 8][4]>(&o[h * (kOutN / 8)]);
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-        const std::uint32_t at = h * (kOutN / 64) * kTileKeys * 128 + kk * 2048;
-        sm90::Wgmma<T, kOutN>::rs(out, a[kk],
-                                  kThree ? plus(slot_desc, at)
-                                         : sm90::swizzle128_desc(v_addr + at, kTileKeys * 128, 1024));
-      }
-    }
-    if constexpr (kSumsOnTensorCores) {
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) sm90::RowSums<T>::rs(sums, a[kk], ones_desc);
+    constexpr bool kSums = kSumsOnTensorCores;
+    if (keys == 32) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 32, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else if (keys == 64) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 64, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else if (keys == 96 && kTileKeys > 96) {
+      issue_values<T, D, kV, kOutN, kTileKeys, 96, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
+    } else {
+      issue_values<T, D, kV, kOutN, kTileKeys, kTileKeys, kThree, kSums>(o, sums, a, v_addr, slot_desc, ones_desc);
     }
     sm90::commit();
   };
@@ -643,11 +645,26 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
     }
   };
 
+  // The last tile of a short key range or under a causal rule is often partial: this warpgroup's rows see at most
+  // its first last_keys keys (ViT's 257 keys: 1 of the third tile; a causal block of 32 queries of a 4-head
+  // group: 16-128 keys of its last). Its S covers the tile's first 64 keys where they hold them (scores_stage),
+  // its O += P V those keys' k-steps only (at_tile_keys). Every key past them lies past every row's end: its score
+  // is -inf whatever S holds there and its P is 0, so the skipped products would add exact zeros and the bits are
+  // the whole tile's. (The general build: the per-warp bounds of setup_rows' lo_hi. Broadcast, so that ptxas sees
+  // a warp-uniform branch.) Three blocks per SM run every tile whole (below).
+  int last_keys = kTileKeys;
+  if constexpr (!kThree) {
+    const int warpgroup_hi = kPlain ? hi : max(tables.lo_hi[8 * warpgroup + 1], tables.lo_hi[8 * warpgroup + 5]);
+    last_keys = __shfl_sync(0xffffffffu, min(warpgroup_hi, hi) - (first_tile + (tiles - 1) * kTileKeys), 0);
+  }
+
   for (int unit = 0;; ++unit) {  // (one unit of work unless kPersistent)
     if constexpr (kThree) {
       // Three blocks per SM: one tile at a time, S_t, its softmax, then O += P_t V_t, each MMA waited for. The
       // scores of 128 keys and P of the tile before do not fit 136 registers together, so the MMAs of a
       // warpgroup do not overlap its softmax: the other two blocks' warpgroups fill the tensor cores meanwhile.
+      // Its partial last tiles run whole (with them narrowed as below, its plain prefill ran 2-3% slower on an
+      // H200: bench/results/2026-12-07-h200-wgmma-partial-last-tiles.md).
       for (int t = 0; t < tiles; ++t) {
         const int slot = (ring + t) % kSlots;
         float s[kTileKeys / 8][4];
@@ -655,7 +672,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         sm90::mbarrier_wait(&k_full[slot], ((ring + t) / kSlots) % 2);
         sm90::fence();
-        issue_qk(t, s);
+        issue_qk(t, s, kTileKeys);
         sm90::wait<0>();
         sm90::pin(s);
         release(&k_empty[slot]);
@@ -670,7 +687,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::fence();
-        issue_pv(t);
+        issue_pv(t, kTileKeys);
         sm90::wait<0>();
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
@@ -689,12 +706,16 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         sm90::mbarrier_wait(&k_full[0], 0);
         ATTNKIT_PHASE(5)
         if (!solo) sm90::named_sync(kTurnBarrier + warpgroup, kConsumerThreads);
-        sm90::fence();
-        issue_qk(0, s);
-        if (!solo && (warpgroup == 0 || tiles > 1)) {
-          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-        }
-        sm90::wait<0>();
+        scores_stage<kTileKeys>(
+            s, tiles > 1 ? kTileKeys : last_keys,
+            [&](float (&into)[kTileKeys / 8][4], int keys) {
+              sm90::fence();
+              issue_qk(0, into, keys);
+              if (!solo && (warpgroup == 0 || tiles > 1)) {
+                sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+              }
+            },
+            [] { sm90::wait<0>(); });
         sm90::pin(s);
         release(&k_empty[0]);
         softmax_tile(0, s);
@@ -714,13 +735,17 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         float s[kTileKeys / 8][4];
 #pragma unroll
         for (int j = 0; j < kTileKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        sm90::fence();
-        issue_qk(t, s);
-        issue_pv(t - 1);
-        if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
-          sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
-        }
-        sm90::wait<1>();
+        scores_stage<kTileKeys>(
+            s, t + 1 < tiles ? kTileKeys : last_keys,
+            [&](float (&into)[kTileKeys / 8][4], int keys) {
+              sm90::fence();
+              issue_qk(t, into, keys);
+              issue_pv(t - 1, kTileKeys);
+              if (!solo && (warpgroup == 0 || t + 1 < tiles)) {
+                sm90::named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+              }
+            },
+            [] { sm90::wait<1>(); });
         sm90::pin(s);
         release(&k_empty[slot]);
         softmax_tile(t, s);
@@ -737,9 +762,12 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
         prepare_v(tiles - 1);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
-        sm90::fence();
-        issue_pv(tiles - 1);
-        sm90::wait<0>();
+        auto pv_stage = [&](int keys) {
+          sm90::fence();
+          issue_pv(tiles - 1, keys);
+          sm90::wait<0>();
+        };
+        at_tile_keys<kTileKeys>(last_keys, pv_stage);
         pin_out();
         if constexpr (kSumsOnTensorCores) sm90::pin(sums);
         sm90::pin(a);
