@@ -19,7 +19,7 @@ struct KernelShader {
   std::vector<std::int32_t> constants;
 };
 
-// The common constants (common.glsl's constant_id 0..4) of a problem.
+// The common constants (common.glsl's constant_id 0..5) of a problem.
 std::vector<std::int32_t> common_constants(const AttentionProblem& p, const VulkanPlan& plan);
 
 KernelShader rows_kernel(const AttentionProblem& p, const VulkanPlan& plan);

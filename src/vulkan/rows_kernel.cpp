@@ -15,7 +15,7 @@ std::int32_t elem_code(DType t) { return t == DType::f32 ? 0 : t == DType::f16 ?
 
 std::vector<std::int32_t> common_constants(const AttentionProblem& p, const VulkanPlan& plan) {
   return {elem_code(p.dtype), elem_code(p.mask_dtype), static_cast<std::int32_t>(p.head_dim),
-          static_cast<std::int32_t>(p.v_head_dim), plan.tile_keys};
+          static_cast<std::int32_t>(p.v_head_dim), plan.tile_keys, p.sequences.any() ? 1 : 0};
 }
 
 KernelShader rows_kernel(const AttentionProblem& p, const VulkanPlan& plan) {

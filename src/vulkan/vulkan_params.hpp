@@ -24,9 +24,9 @@ struct ShaderParams {
 };
 static_assert(sizeof(ShaderParams) == 28 * 4 + 6 * 16);
 
-// The specialization constants (constant_id 0..4 of common.glsl, then the kernel's own).
+// The specialization constants (constant_id 0..5 of common.glsl, then the kernel's own).
 struct SpecConstants {
-  std::int32_t elem, mask_elem, head_dim, v_head_dim, tile_keys;
+  std::int32_t elem, mask_elem, head_dim, v_head_dim, tile_keys, sequences;
 };
 
 }  // namespace attnkit::vulkan

@@ -12,6 +12,10 @@ layout(constant_id = 1) const int MASK_ELEM = 0;
 layout(constant_id = 2) const int D = 64;    // head_dim (Q, K)
 layout(constant_id = 3) const int DV = 64;   // v_head_dim (V, O)
 layout(constant_id = 4) const int TK = 32;   // keys per staged tile
+// 0: a dense batch (no ragged rows, no pages), whose addressing below compiles to `at` alone. The cooperative-
+// matrix kernel's dense calls ran 11-29% slower on the H200 once its rows went through this addressing, a branch
+// on the push constants in each of its K/V loads (bench/results/2026-12-07-h200-vulkan-sequences-and-lane-map.md).
+layout(constant_id = 5) const int SEQUENCES = 1;
 const int WG = 64;                           // rows (threads) per workgroup
 // Two builds of each scalar shader: UNROLL_LOOPS (for GPUs) unrolls the loops over head dims and a tile's keys
 // once the specialization constants are known, so q and the accumulators stay in registers; the plain build (for
@@ -125,20 +129,22 @@ SequenceRows sequence_rows(uint b) {
   SequenceRows s;
   s.queries = int(P.q_len);
   s.first_query = 0;
-  if (P.ragged_q != 0u) {
+  if (SEQUENCES != 0 && P.ragged_q != 0u) {
     s.first_query = cu_seqlens_q[b];
     s.queries = cu_seqlens_q[b + 1u] - s.first_query;
   }
   s.key_length = P.has_key_lengths != 0u ? key_lengths[b] : int(P.k_len);
   s.first_key = 0;
-  if (P.ragged_k != 0u) {
+  if (SEQUENCES != 0 && P.ragged_k != 0u) {
     s.first_key = cu_seqlens_k[b];
     s.key_length = cu_seqlens_k[b + 1u] - s.first_key;
   }
   // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
   // scalar one by the host): every bound of visible_keys then stays within [-(q_len + 1), q_len + k_len].
   int64_t offset = int64_t(P.causal_offset);
-  if (P.per_sequence_causal != 0u) offset = int64_t(s.key_length) - int64_t(s.queries);  // bottom-right
+  if (SEQUENCES != 0 && P.per_sequence_causal != 0u) {
+    offset = int64_t(s.key_length) - int64_t(s.queries);  // bottom-right
+  }
   if (P.has_offsets != 0u) offset = int64_t(causal_offsets[b]);
   s.causal_offset = int(clamp(offset, -int64_t(P.q_len) - 1, int64_t(P.k_len)));
   return s;
@@ -146,16 +152,16 @@ SequenceRows sequence_rows(uint b) {
 
 // core::SequenceAccess::query_index: element of column 0 of query row i of head h (Q, O, lse: their layouts).
 uint query_at(TensorLayout l, SequenceRows s, uint b, uint h, uint i) {
-  return P.ragged_q != 0u ? at(l, 0u, h, uint(s.first_query) + i) : at(l, b, h, i);
+  return SEQUENCES != 0 && P.ragged_q != 0u ? at(l, 0u, h, uint(s.first_query) + i) : at(l, b, h, i);
 }
 // core::SequenceAccess::key_index: element of column 0 of key row j of K/V head kvh (K, V: their layouts); a
 // paged cache's key j is row j % page_size of the page the block table names.
 uint key_at(TensorLayout l, SequenceRows s, uint b, uint kvh, uint j) {
-  if (P.page_size != 0u) {
+  if (SEQUENCES != 0 && P.page_size != 0u) {
     const uint page = uint(block_table[b * P.max_pages_per_seq + j / P.page_size]);
     return at(l, page, kvh, j % P.page_size);
   }
-  return P.ragged_k != 0u ? at(l, 0u, kvh, uint(s.first_key) + j) : at(l, b, kvh, j);
+  return SEQUENCES != 0 && P.ragged_k != 0u ? at(l, 0u, kvh, uint(s.first_key) + j) : at(l, b, kvh, j);
 }
 
 // core::VisibilityRule::for_row: the keys [begin, end) query `row` of an entry may see.
