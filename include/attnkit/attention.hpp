@@ -38,7 +38,7 @@ struct KvStorage {
 
 // Where each sequence's rows are, for ragged (packed) batches and paged K/V caches. By default batch entry b has
 // q_len queries and k_len keys, batch_stride apart. CPU, Reference and CUDA backends; the Vulkan backend on host
-// buffers (float K/V: the scalar kernel, float16 also the cooperative-matrix one where forced;
+// buffers (float K/V: the scalar kernel, float16 the cooperative-matrix one where the device has it;
 // vulkan::DeviceAttention refuses it by name).
 struct SequenceLayout {
   // Ragged queries (flash-attn's varlen convention): sequence b's queries are rows cu_seqlens_q[b] ..

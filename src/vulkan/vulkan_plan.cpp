@@ -118,14 +118,12 @@ VulkanPlan plan_for(const AttentionProblem& p, const VulkanTraits& device, const
     plan.why = plan.emulated_matrices ? "forced; matrix steps emulated, the device has no cooperative matrices" : "forced";
   } else if (force.kernel == "rows") {
     plan.why = "forced";
-  } else if (refusal.empty() && device.cooperative_matrix && !p.sequences.any()) {
-    // Faster than rows on every float16 case timed on the H200 (bench/results/2026-12-02-h200-vulkan-coopmat.md).
+  } else if (refusal.empty() && device.cooperative_matrix) {
+    // Faster than rows on every float16 case timed on the H200: dense batches
+    // (bench/results/2026-12-02-h200-vulkan-coopmat.md) and ragged and paged ones, 4.4-14x
+    // (bench/results/2026-12-07-h200-vulkan-sequences-and-lane-map.md).
     plan.kernel = VulkanPlan::Kernel::CoopMatrix;
     plan.why = "float16 on the device's cooperative matrices; kernel=rows forces the scalar kernel";
-  } else if (refusal.empty() && device.cooperative_matrix) {
-    // Its addressing of ragged and paged rows is common.glsl's, tested through the emulated build on lavapipe; the
-    // matrix build has not yet run them on a GPU, so the plan keeps rows for them until it has.
-    plan.why = "scalar: coopmat runs ragged and paged sequences only where forced (kernel=coopmat)";
   } else {
     plan.why = "scalar: coopmat not taken, " +
                (refusal.empty() ? std::string("the device offers no float16 cooperative matrices") : refusal);

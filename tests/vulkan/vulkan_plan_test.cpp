@@ -61,10 +61,10 @@ TEST(VulkanPlan, MatrixKernelWhereTheDeviceHasMatrices) {
   EXPECT_NE(describe(plan_for(problem(1, 1, 1, 1, 64, DType::f32), gpu(true))).find("float16 only"), std::string::npos);
 }
 
-// Ragged and paged batches: on a device with matrices the plan takes rows for float16 and says why (the matrix
-// build has not run them on a GPU yet); forced, coopmat takes them (its matrix build, or the emulated one where the
-// device has no matrices), in float16 only.
-TEST(VulkanPlan, SequencesTakeTheRowsKernelUnlessCoopmatIsForced) {
+// Ragged and paged float16 batches take the matrix kernel where the device has matrices, as dense ones do, and
+// rows elsewhere or where forced; forced, coopmat takes them (its matrix build, or the emulated one where the device
+// has no matrices), in float16 only.
+TEST(VulkanPlan, SequencesTakeTheMatrixKernelWhereTheDeviceHasMatrices) {
   AttentionProblem ragged = AttentionProblem::head_first(3, 8, 8, 64, 200, 64, DType::f16);
   ragged.sequences.ragged_q = true;
   ragged.sequences.total_q = 150;
@@ -75,9 +75,9 @@ TEST(VulkanPlan, SequencesTakeTheRowsKernelUnlessCoopmatIsForced) {
   paged.sequences.max_pages_per_seq = 13;
   for (const AttentionProblem& p : {core::normalize_and_check(ragged), core::normalize_and_check(paged)}) {
     const VulkanPlan plan = plan_for(p, gpu(true));
-    EXPECT_EQ(plan.kernel, VulkanPlan::Kernel::Rows);
-    EXPECT_NE(describe(plan).find("coopmat runs ragged and paged sequences only where forced"), std::string::npos)
-        << describe(plan);
+    EXPECT_EQ(plan.kernel, VulkanPlan::Kernel::CoopMatrix) << describe(plan);
+    EXPECT_FALSE(plan.emulated_matrices);
+    EXPECT_EQ(plan_for(p, gpu(true), {"rows", 0}).kernel, VulkanPlan::Kernel::Rows);
     const VulkanPlan forced = plan_for(p, gpu(true), {"coopmat", 0});
     EXPECT_EQ(forced.kernel, VulkanPlan::Kernel::CoopMatrix);
     EXPECT_FALSE(forced.emulated_matrices);
