@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
   const std::uint64_t k_desc = sm90::swizzle128_desc(sm90::smem_u32(ks), 16, 1024);
   const std::uint64_t v_desc = sm90::swizzle128_desc(sm90::smem_u32(vs), kTileKeys * 128, 1024);
   auto plus = [](std::uint64_t desc, std::uint32_t bytes) { return desc + (bytes >> 4); };
-  // (keys: the tile's first 64 keys (at_score_keys' constant) or all; s's other columns are left as they are)
+  // (keys: the tile's first 64 keys (scores_stage's narrow branch) or all; s's other columns are left as they are)
   auto issue_qk = [&](int t, float (&s)[kTileKeys / 8][4], int keys) {
     const bool narrow = keys == 64 && kTileKeys > 64;
     const std::uint32_t k_addr = sm90::smem_u32(ks + ((ring + t) % kSlots) * kTileBytes);
