@@ -335,7 +335,9 @@ TEST(CudaAttention, PersistentGridGivesOneBlockPerUnitsBits) {
 // (O, the LSE, the gaps untouched), rerun and cut into one-block launches bit for bit.
 TEST(CudaAttention, PartialLastTilesMatchTheReferenceOnTheHopperKernel) {
   SKIP_WITHOUT_GPU();
-  if (!hopper_device()) GTEST_SKIP() << "needs compute capability 9.0 and no --plan override (the test sets its own plans)";
+  if (!hopper_device()) {
+    GTEST_SKIP() << "needs compute capability 9.0 and no --plan override (the test sets its own plans)";
+  }
   struct Shape { std::int64_t heads, kv, q, k; bool causal, lengths; };
   std::vector<Shape> shapes;
   for (const std::int64_t k : {1, 20, 33, 64, 80, 97, 128, 140, 161, 190, 257}) {
