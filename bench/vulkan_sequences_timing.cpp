@@ -11,6 +11,7 @@
 #include <attnkit/vulkan.hpp>
 
 #include "cpu_timing_values.hpp"
+#include "vulkan/memory_type.hpp"
 
 #include <vulkan/vulkan.h>
 
@@ -126,17 +127,10 @@ class DeviceLocal {
     if (vkCreateBuffer(device_, &bi, nullptr, &buffer) != VK_SUCCESS) throw std::runtime_error("vkCreateBuffer");
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(device_, buffer, &req);
-    VkPhysicalDeviceMemoryProperties props;
-    vkGetPhysicalDeviceMemoryProperties(physical_, &props);
-    std::uint32_t type = 0;
-    while (type < props.memoryTypeCount &&
-           !((req.memoryTypeBits >> type & 1u) && (props.memoryTypes[type].propertyFlags & want) == want)) {
-      ++type;
-    }
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     ai.allocationSize = req.size;
-    ai.memoryTypeIndex = type;
-    if (type == props.memoryTypeCount || vkAllocateMemory(device_, &ai, nullptr, &memory) != VK_SUCCESS) {
+    ai.memoryTypeIndex = test::memory_type(physical_, req.memoryTypeBits, want);
+    if (ai.memoryTypeIndex == UINT32_MAX || vkAllocateMemory(device_, &ai, nullptr, &memory) != VK_SUCCESS) {
       throw std::runtime_error("no memory for a device buffer");
     }
     vkBindBufferMemory(device_, buffer, memory, 0);

@@ -175,22 +175,6 @@ TEST_F(VulkanDeviceSequences, MissingOrExtraSequenceBuffersAreRefusedByName) {
   refuses(a, "cu_seqlens_q.size");
 }
 
-// Whether every value of sequence b's output rows is NaN (masked rows), or keeps the poison bytes.
-bool rows_are(const Batch& batch, const BatchSpec& s, const std::vector<std::uint8_t>& o, std::int64_t b, bool nan) {
-  const std::size_t es = dtype_size(s.dtype);
-  const std::vector<std::uint8_t> poison = batch.output_buffer();
-  for (std::int64_t i = 0; i < s.q_lens[b]; ++i) {
-    for (std::int64_t e = 0; e < s.heads * s.v_head_dim; ++e) {
-      const std::int64_t at = batch.query_row(b, i) * s.heads * s.v_head_dim + e;
-      const bool ok = nan ? std::isnan(load_as_float(o.data(), s.dtype, at))
-                          : std::memcmp(&o[static_cast<std::size_t>(at) * es], &poison[static_cast<std::size_t>(at) * es],
-                                        es) == 0;
-      if (!ok) return false;
-    }
-  }
-  return true;
-}
-
 // One bad device value per run, in the entry it belongs to: that entry's rows are masked rows (keys that cannot be
 // read: cu_seqlens_k past total_k, a block-table entry below 0 or past num_pages, a key length past k_len) or keep
 // their bytes (queries that cannot be placed: cu_seqlens_q past total_q, or decreasing); the other entries' rows are
