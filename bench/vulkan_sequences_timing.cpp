@@ -1,7 +1,9 @@
 // The Vulkan backend on ragged batches and paged K/V caches (float16): the rows kernel against the
 // cooperative-matrix kernel (plan override kernel=coopmat), and each paged decode step against the same keys in a
 // dense head-first cache with key lengths on the plan's kernel. Host-buffer calls; the GPU time of each call
-// (timestamp queries around its kernels), the variants taking turns in one process, medians. Prints the largest
+// (timestamp queries around its kernels), the variants taking turns in one process, medians. Each paged step also
+// runs on device buffers (vulkan::DeviceAttention over device-local copies, the plan's kernel): its shaders judge
+// the block table and key lengths themselves, which the host path checks on the host. Prints the largest
 // difference between the rows and coopmat outputs (the two kernels round differently; the tests hold the bounds).
 // The plan's choice of kernel for sequences rests on this tool's figures (docs/vulkan.md).
 //   usage: attnkit_vulkan_sequences_timing [case-substring] [--rounds N]
@@ -9,12 +11,17 @@
 #include <attnkit/vulkan.hpp>
 
 #include "cpu_timing_values.hpp"
+#include "vulkan/memory_type.hpp"
+
+#include <vulkan/vulkan.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +65,82 @@ double max_difference(const std::vector<unsigned char>& a, const std::vector<uns
   }
   return worst;
 }
+
+// A device-local storage buffer on the backend's device, filled from host memory through a staging buffer and
+// one copy on the backend's queue (nobody else submits to it in this tool).
+class DeviceLocal {
+ public:
+  explicit DeviceLocal(const void* host, std::size_t bytes) {
+    const vulkan::NativeHandles h = vulkan::native_handles();
+    device_ = reinterpret_cast<VkDevice>(h.device);
+    physical_ = reinterpret_cast<VkPhysicalDevice>(h.physical_device);
+    size_ = bytes;
+    make(bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+         VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, buffer_, memory_);
+    VkBuffer staging = VK_NULL_HANDLE;
+    VkDeviceMemory staging_memory = VK_NULL_HANDLE;
+    make(bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+         staging, staging_memory);
+    void* mapped = nullptr;
+    vkMapMemory(device_, staging_memory, 0, VK_WHOLE_SIZE, 0, &mapped);
+    std::memcpy(mapped, host, bytes);
+    vkUnmapMemory(device_, staging_memory);
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = h.queue_family;
+    VkCommandPool pool = VK_NULL_HANDLE;
+    vkCreateCommandPool(device_, &pi, nullptr, &pool);
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    vkAllocateCommandBuffers(device_, &ai, &cb);
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(cb, &bi);
+    const VkBufferCopy copy{0, 0, bytes};
+    vkCmdCopyBuffer(cb, staging, buffer_, 1, &copy);
+    vkEndCommandBuffer(cb);
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cb;
+    VkQueue queue = reinterpret_cast<VkQueue>(h.queue);
+    vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE);
+    vkQueueWaitIdle(queue);
+    vkDestroyCommandPool(device_, pool, nullptr);
+    vkDestroyBuffer(device_, staging, nullptr);
+    vkFreeMemory(device_, staging_memory, nullptr);
+  }
+  ~DeviceLocal() {
+    vkDestroyBuffer(device_, buffer_, nullptr);
+    vkFreeMemory(device_, memory_, nullptr);
+  }
+  DeviceLocal(const DeviceLocal&) = delete;
+  DeviceLocal& operator=(const DeviceLocal&) = delete;
+  vulkan::DeviceBuffer at() const { return {reinterpret_cast<std::uint64_t>(buffer_), 0, size_}; }
+
+ private:
+  void make(std::size_t bytes, VkBufferUsageFlags usage, VkMemoryPropertyFlags want, VkBuffer& buffer,
+            VkDeviceMemory& memory) {
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = bytes;
+    bi.usage = usage;
+    if (vkCreateBuffer(device_, &bi, nullptr, &buffer) != VK_SUCCESS) throw std::runtime_error("vkCreateBuffer");
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device_, buffer, &req);
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = test::memory_type(physical_, req.memoryTypeBits, want);
+    if (ai.memoryTypeIndex == UINT32_MAX || vkAllocateMemory(device_, &ai, nullptr, &memory) != VK_SUCCESS) {
+      throw std::runtime_error("no memory for a device buffer");
+    }
+    vkBindBufferMemory(device_, buffer, memory, 0);
+  }
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  std::size_t size_ = 0;
+  VkBuffer buffer_ = VK_NULL_HANDLE;
+  VkDeviceMemory memory_ = VK_NULL_HANDLE;
+};
 
 struct Batch {
   std::vector<std::int32_t> lengths, cu, table;
@@ -167,6 +250,28 @@ void time_case(const Spec& s, int rounds) {
       }
     }
   }
+  // The paged step on device buffers: device-local copies of its tensors, block table and key lengths.
+  std::vector<double> device_ms;
+  std::string device_plan;
+  if (s.page > 0) {
+    const AttentionArgs& a = calls[1].args;
+    const std::size_t o_bytes = static_cast<std::size_t>(a.o.elements) * 2;
+    DeviceLocal q(a.q.data, static_cast<std::size_t>(a.q.elements) * 2), o(a.o.data, o_bytes);
+    DeviceLocal k(a.k.data, static_cast<std::size_t>(a.k.elements) * 2), v(a.v.data, static_cast<std::size_t>(a.v.elements) * 2);
+    DeviceLocal lengths(a.key_lengths.data, static_cast<std::size_t>(a.key_lengths.elements) * 4);
+    DeviceLocal table(a.block_table.data, static_cast<std::size_t>(a.block_table.elements) * 4);
+    vulkan::DeviceArgs d;
+    d.q = q.at(), d.k = k.at(), d.v = v.at(), d.o = o.at(), d.key_lengths = lengths.at(), d.block_table = table.at();
+    vulkan::DeviceAttention op(b.problem);
+    device_plan = op.describe();
+    op.run(d);  // (warm-up)
+    for (int r = 0; r < rounds; ++r) {
+      for (int i = 0; i < 5; ++i) {
+        op.run(d);
+        device_ms.push_back(vulkan::last_gpu_milliseconds());
+      }
+    }
+  }
   const double rows_ms = median(calls[0].ms);
   const std::int64_t values = b.q_rows * s.heads * s.dim;
   std::printf("%-26s keys %7lld  max |rows - coopmat| %.2e\n", s.name, static_cast<long long>(b.keys),
@@ -174,6 +279,10 @@ void time_case(const Spec& s, int rounds) {
   for (const Call& c : calls) {
     const double ms = median(c.ms);
     std::printf("  %-8s %10.4f ms  rows/this %5.2f  %s\n", c.label.c_str(), ms, rows_ms / ms, c.op.describe().c_str());
+  }
+  if (!device_ms.empty()) {
+    const double ms = median(device_ms);
+    std::printf("  %-8s %10.4f ms  rows/this %5.2f  device buffers, %s\n", "device", ms, rows_ms / ms, device_plan.c_str());
   }
 }
 

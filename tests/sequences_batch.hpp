@@ -396,6 +396,23 @@ inline std::vector<std::uint8_t> check_batch(const Batch& batch, const BatchSpec
   return check_batch(batch, s, config);
 }
 
+// Whether every value of sequence b's output rows is NaN (masked rows), or keeps the poison bytes of
+// batch.output_buffer() (rows never written): what an out-of-range device value leaves in its entry.
+inline bool rows_are(const Batch& batch, const BatchSpec& s, const std::vector<std::uint8_t>& o, std::int64_t b,
+                     bool nan) {
+  const std::size_t es = dtype_size(s.dtype);
+  const std::vector<std::uint8_t> poison = batch.output_buffer();
+  for (std::int64_t i = 0; i < s.q_lens[b]; ++i) {
+    for (std::int64_t e = 0; e < s.heads * s.v_head_dim; ++e) {
+      const std::int64_t at = batch.query_row(b, i) * s.heads * s.v_head_dim + e;
+      const auto byte = static_cast<std::size_t>(at) * es;
+      const bool ok = nan ? std::isnan(load_as_float(o.data(), s.dtype, at)) : std::memcmp(&o[byte], &poison[byte], es) == 0;
+      if (!ok) return false;
+    }
+  }
+  return true;
+}
+
 inline std::vector<std::int64_t> random_lengths(std::mt19937& rng, std::int64_t n, std::int64_t longest) {
   std::vector<std::int64_t> lens;
   std::uniform_int_distribution<std::int64_t> any(0, longest);

@@ -70,8 +70,8 @@ std::vector<std::string> validation_errors();
 // the device offers the extension (the backend's own device only).
 std::vector<std::string> pipeline_statistics();
 
-// GPU time, in milliseconds, of the kernels of the last run() on this thread (timestamp queries around the
-// dispatches; 0 when the device has no timestamps).
+// GPU time, in milliseconds, of the kernels of the last run() on this thread (Attention on host buffers or
+// DeviceAttention::run; timestamp queries around the dispatches; 0 when the device has no timestamps).
 double last_gpu_milliseconds();
 
 // The backend's instance, device and queue (makes the context; throws attnkit::Error when no device is usable),
@@ -95,6 +95,7 @@ struct DeviceBuffer {
 struct DeviceArgs {
   DeviceBuffer q, k, v, o;
   DeviceBuffer mask, key_lengths, causal_offsets, head_sink, lse;
+  DeviceBuffer cu_seqlens_q, cu_seqlens_k, block_table;  // int32, where problem.sequences has them
 };
 
 // An attention problem on device buffers: planned once (the problem's rules as Attention checks them, the plan as
@@ -105,9 +106,12 @@ struct DeviceArgs {
 // written. Values in device memory cannot be checked: a key length outside [0, k_len] hides every key of its batch
 // entry (its rows are masked rows), as on the CUDA backend (docs/numerics.md); per-batch causal offsets are
 // clamped to [-(q_len + 1), k_len], which leaves every row's visible keys as they were. Ragged and paged batches
-// (problem.sequences) are refused by name ("sequences"): their cu_seqlens and block tables decide which rows are
-// read and written, and values in device memory cannot be checked before the call (Attention with
-// Backend::Vulkan runs them on host buffers, checked as on the CPU).
+// (problem.sequences) take their cu_seqlens and block tables from device buffers too, judged per entry by the
+// shaders as on CUDA: an entry whose queries cannot be placed (cu_seqlens_q[b] < 0, cu_seqlens_q[b + 1] below it
+// or past total_q, more than q_len rows) has none of its rows written; one whose keys cannot be read (the same
+// rules for cu_seqlens_k against total_k and k_len, a key length outside [0, k_len], a block-table entry its keys
+// reach outside [0, num_pages)) sees no key (masked rows); every other entry gets the bits of a call without the
+// bad value. There is no status word (CUDA's AttentionArgs::status).
 class Session;  // (the backend's planned problem)
 class DeviceAttention {
  public:

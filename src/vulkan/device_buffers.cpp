@@ -12,7 +12,7 @@
 namespace attnkit::vulkan {
 namespace {
 
-// The caller's buffer of a binding; none for the sequence arrays (DeviceAttention refuses sequences).
+// The caller's buffer of a binding.
 const DeviceBuffer& device_buffer(const DeviceArgs& a, std::uint32_t binding) {
   static const DeviceBuffer kNone{};
   switch (binding) {
@@ -25,6 +25,9 @@ const DeviceBuffer& device_buffer(const DeviceArgs& a, std::uint32_t binding) {
     case kCausalOffsets: return a.causal_offsets;
     case kHeadSink: return a.head_sink;
     case kLse: return a.lse;
+    case kCuSeqlensQ: return a.cu_seqlens_q;
+    case kCuSeqlensK: return a.cu_seqlens_k;
+    case kBlockTable: return a.block_table;
     default: return kNone;
   }
 }
@@ -110,7 +113,13 @@ Session::DeviceCall& Session::device_call(const DeviceArgs& args, bool with_comm
     check(vkAllocateCommandBuffers(ctx_.device(), &ai, &call.commands), "vkAllocateCommandBuffers");
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     check(vkBeginCommandBuffer(call.commands, &bi), "vkBeginCommandBuffer");
+    // (timestamps around the kernels for last_gpu_milliseconds(); not in a caller's command buffer)
+    if (queries_ != VK_NULL_HANDLE) {
+      vkCmdResetQueryPool(call.commands, queries_, 0, 2);
+      vkCmdWriteTimestamp(call.commands, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, 0);
+    }
     record_dispatches(call.commands, call.set, false);
+    if (queries_ != VK_NULL_HANDLE) vkCmdWriteTimestamp(call.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
     check(vkEndCommandBuffer(call.commands), "vkEndCommandBuffer");
   }
   return call;
@@ -132,6 +141,7 @@ void Session::run_device(const DeviceArgs& args) {
   si.pCommandBuffers = &call.commands;
   check(vkQueueSubmit(ctx_.queue(), 1, &si, fence_), "vkQueueSubmit");
   check(vkWaitForFences(ctx_.device(), 1, &fence_, VK_TRUE, std::numeric_limits<std::uint64_t>::max()), "vkWaitForFences");
+  read_gpu_time();
 }
 
 NativeHandles native_handles() {
@@ -147,15 +157,10 @@ NativeHandles native_handles() {
 
 DeviceAttention::DeviceAttention(const AttentionProblem& problem, const PlanOverrides& plan) {
   const AttentionProblem p = core::normalize_and_check(problem);
-  // The cu_seqlens and block-table values decide which rows are read and written; in device memory the host
-  // cannot check them before the call (docs/vulkan.md), so ragged and paged batches take host buffers only.
-  ATTNKIT_REQUIRE(!p.sequences.any(), "sequences",
-                  "ragged and paged batches run on host buffers only on the Vulkan backend (Attention with "
-                  "Backend::Vulkan): their cu_seqlens and block-table values cannot be checked in device memory");
   PlanOverride force;
   force.kernel = plan.kernel;
   force.key_splits = plan.splits;
-  session_ = std::make_shared<Session>(p, force);
+  session_ = std::make_shared<Session>(p, force, true);
 }
 DeviceAttention::~DeviceAttention() = default;
 DeviceAttention::DeviceAttention(DeviceAttention&&) noexcept = default;

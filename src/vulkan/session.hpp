@@ -42,7 +42,9 @@ void memory_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags 
 
 class Session {
  public:
-  Session(const AttentionProblem& p, const PlanOverride& force);
+  // device_values: the calls take the caller's device buffers (DeviceAttention), whose key lengths, cu_seqlens and
+  // block tables the shaders judge themselves (common.glsl's sequence_rows).
+  Session(const AttentionProblem& p, const PlanOverride& force, bool device_values = false);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -73,9 +75,11 @@ class Session {
   const void* host_source(const AttentionArgs& a, std::uint32_t binding) const;
   std::array<VkDescriptorBufferInfo, kThreadScratch + 1> device_ranges(const DeviceArgs& args) const;
   DeviceCall& device_call(const DeviceArgs& args, bool with_commands);
+  void read_gpu_time();  // the timestamps around the last submitted call's kernels into last_gpu_milliseconds()
 
   Context& ctx_;
   AttentionProblem p_;
+  bool device_values_ = false;
   VulkanPlan plan_;
   const Pipeline* main_ = nullptr;
   const Pipeline* merge_ = nullptr;

@@ -57,7 +57,8 @@ void memory_barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags 
 }
 
 
-Session::Session(const AttentionProblem& p, const PlanOverride& force) : ctx_(shared_context()), p_(p) {
+Session::Session(const AttentionProblem& p, const PlanOverride& force, bool device_values)
+    : ctx_(shared_context()), p_(p), device_values_(device_values) {
   plan_ = plan_for(p_, traits_of(ctx_), force);
   const KernelShader main = main_kernel(p_, plan_);
   main_ = &ctx_.pipeline(main.name, main.spirv, main.constants);
@@ -168,6 +169,10 @@ ShaderParams Session::make_params() const {
   s.page_size = u32(seq.page_size);
   s.max_pages_per_seq = u32(seq.max_pages_per_seq);
   s.per_sequence_causal = seq.any() ? 1u : 0u;  // bottom-right per sequence (core::SequenceAccess)
+  s.device_values = device_values_ ? 1u : 0u;
+  s.total_q = u32(seq.total_q);
+  s.total_k = u32(seq.total_k);
+  s.num_pages = u32(seq.num_pages);
   const core::Extent qe = core::query_extent(p_), ke = core::key_extent(p_);
   s.q = shader_layout(p_.q, regions_[kQ].lowest, qe.leading, p_.heads, qe.rows, "q");
   s.k = shader_layout(p_.k, regions_[kK].lowest, ke.leading, p_.kv_heads, ke.rows, "k");
@@ -379,6 +384,10 @@ void Session::run(const AttentionArgs& args) {
     auto* dst = static_cast<std::byte*>(const_cast<void*>(host_source(args, b))) + r.lowest * static_cast<std::int64_t>(r.element_size);
     std::memcpy(dst, download_.mapped() + r.staging_offset, r.bytes);
   }
+  read_gpu_time();
+}
+
+void Session::read_gpu_time() {
   g_last_gpu_ms = 0.0;
   if (queries_ != VK_NULL_HANDLE) {
     std::uint64_t stamps[2] = {0, 0};

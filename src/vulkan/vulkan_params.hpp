@@ -19,10 +19,11 @@ struct ShaderParams {
   float scale, softcap;
   std::uint32_t has_sink, masked_zero, has_lse, has_mask;
   std::uint32_t total_rows, workgroups, ragged_q, ragged_k;
-  std::uint32_t page_size, max_pages_per_seq, per_sequence_causal, pad0;
+  std::uint32_t page_size, max_pages_per_seq, per_sequence_causal, device_values;
+  std::uint32_t total_q, total_k, num_pages, pad0;
   ShaderLayout q, k, v, o, mask, lse;
 };
-static_assert(sizeof(ShaderParams) == 28 * 4 + 6 * 16);
+static_assert(sizeof(ShaderParams) == 32 * 4 + 6 * 16);
 
 // The specialization constants (constant_id 0..5 of common.glsl, then the kernel's own).
 struct SpecConstants {

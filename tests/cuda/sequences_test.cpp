@@ -207,22 +207,6 @@ int run_with_status(const Batch& batch, const std::string& plan, std::vector<std
   return status_host;
 }
 
-// Whether every value of sequence b's output rows is NaN (masked rows), or keeps the poison bytes.
-bool rows_are(const Batch& batch, const BatchSpec& s, const std::vector<std::uint8_t>& o, std::int64_t b,
-              bool nan) {
-  const std::size_t es = dtype_size(s.dtype);
-  const std::vector<std::uint8_t> poison = batch.output_buffer();
-  for (std::int64_t i = 0; i < s.q_lens[b]; ++i) {
-    for (std::int64_t e = 0; e < s.heads * s.v_head_dim; ++e) {
-      const std::int64_t at = batch.query_row(b, i) * s.heads * s.v_head_dim + e;
-      const bool ok = nan ? std::isnan(load_as_float(o.data(), s.dtype, at))
-                          : std::memcmp(&o[static_cast<std::size_t>(at) * es], &poison[static_cast<std::size_t>(at) * es], es) == 0;
-      if (!ok) return false;
-    }
-  }
-  return true;
-}
-
 // Out-of-range device values cannot throw: the entry they belong to gives masked rows (its keys cannot be read)
 // or none of its rows (its queries cannot be placed), the status word names the lowest such entry, and every
 // other entry's rows are the bytes of a call without the bad value.

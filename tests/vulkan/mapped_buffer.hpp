@@ -4,6 +4,8 @@
 
 #include <attnkit/vulkan.hpp>
 
+#include "memory_type.hpp"
+
 #include <vulkan/vulkan.h>
 
 #include <gtest/gtest.h>
@@ -22,14 +24,9 @@ class MappedBuffer {
     EXPECT_EQ(vkCreateBuffer(device_, &bi, nullptr, &buffer_), VK_SUCCESS);
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(device_, buffer_, &req);
-    VkPhysicalDeviceMemoryProperties props;
-    vkGetPhysicalDeviceMemoryProperties(physical, &props);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    std::uint32_t type = 0;
-    while (type < props.memoryTypeCount &&
-           !((req.memoryTypeBits >> type & 1u) && (props.memoryTypes[type].propertyFlags & want) == want)) {
-      ++type;
-    }
+    const std::uint32_t type = memory_type(physical, req.memoryTypeBits,
+                                           VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+    EXPECT_NE(type, UINT32_MAX) << "no host-visible, coherent memory";
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     ai.allocationSize = req.size;
     ai.memoryTypeIndex = type;

@@ -37,7 +37,8 @@ layout(std140, set = 0, binding = 0) uniform Params {
   int causal_offset; uint has_key_lengths; float scale; float softcap;
   uint has_sink, masked_zero, has_lse, has_mask;
   uint total_rows, workgroups, ragged_q, ragged_k;
-  uint page_size, max_pages_per_seq, per_sequence_causal, pad0;
+  uint page_size, max_pages_per_seq, per_sequence_causal, device_values;
+  uint total_q, total_k, num_pages, pad0;
   TensorLayout lq, lk, lv, lo, lm, llse;
 } P;
 
@@ -123,21 +124,48 @@ struct SequenceRows {
   int causal_offset;  // its causal offset, clamped to [-(q_len + 1), k_len]
 };
 
-// core::SequenceAccess::rows_of. The host checked cu_seqlens and the block table before the upload (host buffers;
-// device buffers refuse sequences), so every length here lies within [0, q_len] / [0, k_len].
+// Whether every block-table entry that keys [0, key_length) of entry b reach names a page in [0, num_pages).
+bool pages_in_range(uint b, int key_length) {
+  const uint pages = (uint(key_length) + P.page_size - 1u) / P.page_size;
+  bool ok = true;
+  for (uint i = 0u; i < pages; ++i) {
+    const int page = block_table[b * P.max_pages_per_seq + i];
+    ok = ok && page >= 0 && uint(page) < P.num_pages;
+  }
+  return ok;
+}
+
+// Whether [first, next) are rows of a packed tensor of `total` rows, at most `most` of them.
+bool packed_rows_in_range(int first, int next, uint total, uint most) {
+  return first >= 0 && next >= first && uint(next) <= total && uint(next - first) <= most;
+}
+
+// core::SequenceAccess::rows_of. Host buffers: the host checked cu_seqlens and the block table before the upload,
+// so every length here lies within [0, q_len] / [0, k_len]. Device buffers (P.device_values): each entry is judged
+// by its own values, as on CUDA (docs/numerics.md): queries that cannot be placed give the entry no rows (nothing
+// of it is written), keys that cannot be read a key length of -1 (visible_keys: no key, masked rows). Every shader
+// takes an entry's rows from here, so the main kernels and the merge pass see the same verdict.
 SequenceRows sequence_rows(uint b) {
   SequenceRows s;
   s.queries = int(P.q_len);
   s.first_query = 0;
   if (SEQUENCES != 0 && P.ragged_q != 0u) {
-    s.first_query = cu_seqlens_q[b];
-    s.queries = cu_seqlens_q[b + 1u] - s.first_query;
+    const int first = cu_seqlens_q[b], next = cu_seqlens_q[b + 1u];
+    const bool placed = P.device_values == 0u || packed_rows_in_range(first, next, P.total_q, P.q_len);
+    s.first_query = placed ? first : 0;
+    s.queries = placed ? next - first : 0;
   }
   s.key_length = P.has_key_lengths != 0u ? key_lengths[b] : int(P.k_len);
   s.first_key = 0;
   if (SEQUENCES != 0 && P.ragged_k != 0u) {
-    s.first_key = cu_seqlens_k[b];
-    s.key_length = cu_seqlens_k[b + 1u] - s.first_key;
+    const int first = cu_seqlens_k[b], next = cu_seqlens_k[b + 1u];
+    const bool readable = P.device_values == 0u || packed_rows_in_range(first, next, P.total_k, P.k_len);
+    s.first_key = readable ? first : 0;
+    s.key_length = readable ? next - first : -1;
+  }
+  if (SEQUENCES != 0 && P.device_values != 0u && P.page_size != 0u && s.key_length >= 0 &&
+      s.key_length <= int(P.k_len) && !pages_in_range(b, s.key_length)) {
+    s.key_length = -1;
   }
   // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
   // scalar one by the host): every bound of visible_keys then stays within [-(q_len + 1), q_len + k_len].
