@@ -96,6 +96,10 @@ struct DeviceArgs {
   DeviceBuffer q, k, v, o;
   DeviceBuffer mask, key_lengths, causal_offsets, head_sink, lse;
   DeviceBuffer cu_seqlens_q, cu_seqlens_k, block_table;  // int32, where problem.sequences has them
+  // Optional: one int32 the call sets to -1, then to the lowest batch entry whose device values (key length,
+  // cu_seqlens, block-table entries) are out of range (as CUDA's AttentionArgs::status). The call fills it with a
+  // transfer command: a buffer made with VK_BUFFER_USAGE_TRANSFER_DST_BIT, the offset a multiple of 4.
+  DeviceBuffer status;
 };
 
 // An attention problem on device buffers: planned once (the problem's rules as Attention checks them, the plan as
@@ -111,7 +115,7 @@ struct DeviceArgs {
 // or past total_q, more than q_len rows) has none of its rows written; one whose keys cannot be read (the same
 // rules for cu_seqlens_k against total_k and k_len, a key length outside [0, k_len], a block-table entry its keys
 // reach outside [0, num_pages)) sees no key (masked rows); every other entry gets the bits of a call without the
-// bad value. There is no status word (CUDA's AttentionArgs::status).
+// bad value; the lowest such entry goes to DeviceArgs::status when given.
 class Session;  // (the backend's planned problem)
 class DeviceAttention {
  public:

@@ -121,7 +121,7 @@ bool context_available();
 // that outlive it make no Vulkan call.
 bool context_gone();
 
-// The bindings of common.glsl: 0 the parameter block, 1..14 the storage buffers.
-inline constexpr std::uint32_t kStorageBindings = 14;
+// The bindings of common.glsl: 0 the parameter block, 1..15 the storage buffers.
+inline constexpr std::uint32_t kStorageBindings = 15;
 
 }  // namespace attnkit::vulkan

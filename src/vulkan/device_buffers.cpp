@@ -5,6 +5,7 @@
 #include "core/require.hpp"
 #include "session.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
@@ -40,9 +41,9 @@ struct ByteRange {
 
 }  // namespace
 
-std::array<VkDescriptorBufferInfo, kThreadScratch + 1> Session::device_ranges(const DeviceArgs& args) const {
+std::array<VkDescriptorBufferInfo, kBindingCount> Session::device_ranges(const DeviceArgs& args) const {
   const std::uint64_t align = ctx_.limits().minStorageBufferOffsetAlignment;
-  std::array<ByteRange, kThreadScratch + 1> ranges{};
+  std::array<ByteRange, kBindingCount> ranges{};
   for (std::uint32_t b = kQ; b < kPartials; ++b) {
     const Region& r = regions_[b];
     const DeviceBuffer& d = device_buffer(args, b);
@@ -65,23 +66,38 @@ std::array<VkDescriptorBufferInfo, kThreadScratch + 1> Session::device_ranges(co
                         std::to_string(d.size) + " bytes");
     ranges[b] = {d.buffer, first, first + r.bytes};
   }
-  for (std::uint32_t out : {kO, kLse}) {
-    for (std::uint32_t b = kQ; b < kPartials; ++b) {
-      ATTNKIT_REQUIRE(b == out || !ranges[out].overlaps(ranges[b]), regions_[out].name,
-                      std::string("its bytes overlap those of ") + regions_[b].name + " in the same buffer");
+  // The status word (optional): one int32 at its offset, which the call fills (vkCmdFillBuffer: a multiple of 4).
+  if (const DeviceBuffer& d = args.status; d.buffer != 0) {
+    ATTNKIT_REQUIRE(d.offset % std::max<std::uint64_t>(align, 4) == 0, "status.offset",
+                    "must be a multiple of 4 and of the device's minStorageBufferOffsetAlignment (" + std::to_string(align) + ")");
+    ATTNKIT_REQUIRE(d.offset <= d.size && d.size - d.offset >= 4, "status.size",
+                    "the status word needs 4 bytes from its offset");
+    ranges[kStatus] = {d.buffer, d.offset, d.offset + 4};
+  }
+  auto name_of = [&](std::uint32_t b) { return b == kStatus ? std::string("status") : std::string(regions_[b].name); };
+  for (std::uint32_t out : {kO, kLse, kStatus}) {
+    for (std::uint32_t b = kQ; b < kBindingCount; ++b) {
+      if (b == kPartials || b == kThreadScratch) continue;
+      ATTNKIT_REQUIRE(b == out || !ranges[out].overlaps(ranges[b]), name_of(out),
+                      "its bytes overlap those of " + name_of(b) + " in the same buffer");
     }
   }
-  std::array<VkDescriptorBufferInfo, kThreadScratch + 1> infos{};
-  for (std::uint32_t b = kQ; b < kPartials; ++b) {
+  std::array<VkDescriptorBufferInfo, kBindingCount> infos{};
+  for (std::uint32_t b = kQ; b < kBindingCount; ++b) {
     if (ranges[b].buffer == 0) continue;
     infos[b] = {reinterpret_cast<VkBuffer>(ranges[b].buffer), ranges[b].first, ranges[b].end - ranges[b].first};
   }
   return infos;
 }
 
-// Earlier writes (shaders, copies, the host) visible to the call's shaders; then the launches; then its writes
-// visible to whatever the caller records next.
-void Session::record_dispatches(VkCommandBuffer cb, VkDescriptorSet set, bool host) {
+// The status word set to -1 (device-buffer calls: the caller's, else the session's own); earlier writes (shaders,
+// copies, the host) visible to the call's shaders; then the launches; then its writes visible to whatever the
+// caller records next.
+void Session::record_dispatches(VkCommandBuffer cb, VkDescriptorSet set, bool host, const VkDescriptorBufferInfo& status) {
+  if (device_values_) {
+    const bool given = status.buffer != VK_NULL_HANDLE;
+    vkCmdFillBuffer(cb, given ? status.buffer : device_[kStatus].handle(), given ? status.offset : 0, 4, 0xffffffffu);
+  }
   memory_barrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT | VK_PIPELINE_STAGE_HOST_BIT,
                  VK_ACCESS_MEMORY_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
@@ -104,6 +120,7 @@ Session::DeviceCall& Session::device_call(const DeviceArgs& args, bool with_comm
   if (call.set == VK_NULL_HANDLE) {
     call.set = allocate_set();
     write_set(call.set, infos);
+    call.status = infos[kStatus];
   }
   if (with_commands && call.commands == VK_NULL_HANDLE) {
     VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
@@ -118,7 +135,7 @@ Session::DeviceCall& Session::device_call(const DeviceArgs& args, bool with_comm
       vkCmdResetQueryPool(call.commands, queries_, 0, 2);
       vkCmdWriteTimestamp(call.commands, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries_, 0);
     }
-    record_dispatches(call.commands, call.set, false);
+    record_dispatches(call.commands, call.set, false, call.status);
     if (queries_ != VK_NULL_HANDLE) vkCmdWriteTimestamp(call.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, 1);
     check(vkEndCommandBuffer(call.commands), "vkEndCommandBuffer");
   }
@@ -128,7 +145,8 @@ Session::DeviceCall& Session::device_call(const DeviceArgs& args, bool with_comm
 void Session::record_device(const DeviceArgs& args, VkCommandBuffer cb) {
   ATTNKIT_REQUIRE(cb != VK_NULL_HANDLE, "command_buffer", "a VkCommandBuffer in the recording state is needed");
   std::lock_guard run_lock(run_lock_);
-  record_dispatches(cb, device_call(args, false).set, false);
+  const DeviceCall& call = device_call(args, false);
+  record_dispatches(cb, call.set, false, call.status);
 }
 
 void Session::run_device(const DeviceArgs& args) {

@@ -20,11 +20,12 @@
 namespace attnkit::vulkan {
 
 // Bindings of common.glsl: the call's buffers (kQ up to kPartials: uploaded from, or bound to, the caller's), then the
-// session's own.
+// session's own, then the status word (the caller's on device buffers when given, else the session's own).
 enum Binding : std::uint32_t {
   kQ = 1, kK, kV, kO, kMask, kKeyLengths, kCausalOffsets, kHeadSink, kLse, kCuSeqlensQ, kCuSeqlensK, kBlockTable,
-  kPartials, kThreadScratch
+  kPartials, kThreadScratch, kStatus
 };
+inline constexpr std::uint32_t kBindingCount = kStatus + 1;
 
 // One tensor's region: the element span its layout reaches, moved (host buffers) or bound (device buffers) as bytes.
 struct Region {
@@ -62,18 +63,19 @@ class Session {
   struct DeviceCall {
     VkDescriptorSet set = VK_NULL_HANDLE;
     VkCommandBuffer commands = VK_NULL_HANDLE;
+    VkDescriptorBufferInfo status{};  // the caller's status word (buffer null: none given)
   };
 
   void make_regions();
   ShaderParams make_params() const;
   void make_buffers();
   VkDescriptorSet allocate_set();
-  void write_set(VkDescriptorSet set, const std::array<VkDescriptorBufferInfo, kThreadScratch + 1>& tensors);
+  void write_set(VkDescriptorSet set, const std::array<VkDescriptorBufferInfo, kBindingCount>& tensors);
   void record();
   void record_launch(VkCommandBuffer cb, VkDescriptorSet set, std::int64_t launch, std::int64_t launches, bool host);
-  void record_dispatches(VkCommandBuffer cb, VkDescriptorSet set, bool host);
+  void record_dispatches(VkCommandBuffer cb, VkDescriptorSet set, bool host, const VkDescriptorBufferInfo& status);
   const void* host_source(const AttentionArgs& a, std::uint32_t binding) const;
-  std::array<VkDescriptorBufferInfo, kThreadScratch + 1> device_ranges(const DeviceArgs& args) const;
+  std::array<VkDescriptorBufferInfo, kBindingCount> device_ranges(const DeviceArgs& args) const;
   DeviceCall& device_call(const DeviceArgs& args, bool with_commands);
   void read_gpu_time();  // the timestamps around the last submitted call's kernels into last_gpu_milliseconds()
 
@@ -83,9 +85,9 @@ class Session {
   VulkanPlan plan_;
   const Pipeline* main_ = nullptr;
   const Pipeline* merge_ = nullptr;
-  std::array<Region, kThreadScratch + 1> regions_{};
+  std::array<Region, kBindingCount> regions_{};
   Buffer params_, upload_, download_, dummy_;
-  std::array<Buffer, kThreadScratch + 1> device_{};
+  std::array<Buffer, kBindingCount> device_{};
   std::vector<VkDescriptorPool> pools_;  // sets of kSetsPerPool; the first one's first set is the host path's
   std::uint32_t sets_in_pool_ = 0;
   VkDescriptorSet set_ = VK_NULL_HANDLE;

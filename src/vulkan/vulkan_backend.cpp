@@ -69,7 +69,7 @@ Session::Session(const AttentionProblem& p, const PlanOverride& force, bool devi
   make_regions();
   make_buffers();
   set_ = allocate_set();
-  std::array<VkDescriptorBufferInfo, kThreadScratch + 1> tensors{};
+  std::array<VkDescriptorBufferInfo, kBindingCount> tensors{};
   for (std::uint32_t b = kQ; b < kPartials; ++b) tensors[b] = {device_[b].handle(), 0, VK_WHOLE_SIZE};
   write_set(set_, tensors);
   record();
@@ -203,6 +203,8 @@ void Session::make_buffers() {
                         VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
                         false);
   }
+  // (the status word of device-buffer calls that give none; filled by the call, written by the shaders)
+  device_[kStatus] = Buffer(ctx_, 4, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, false);
   if (plan_.partial_bytes > 0) device_[kPartials] = Buffer(ctx_, plan_.partial_bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, false);
   if (plan_.thread_scratch_bytes > 0) {
     device_[kThreadScratch] = Buffer(ctx_, plan_.thread_scratch_bytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, false);
@@ -239,7 +241,7 @@ VkDescriptorSet Session::allocate_set() {
 
 // Binding 0 the parameter block; the tensors' ranges where given (a null buffer: the binding's own buffer, the
 // partials and scratch, or a dummy for a tensor the problem has not).
-void Session::write_set(VkDescriptorSet set, const std::array<VkDescriptorBufferInfo, kThreadScratch + 1>& tensors) {
+void Session::write_set(VkDescriptorSet set, const std::array<VkDescriptorBufferInfo, kBindingCount>& tensors) {
   std::array<VkDescriptorBufferInfo, kStorageBindings + 1> infos{};
   std::array<VkWriteDescriptorSet, kStorageBindings + 1> writes{};
   for (std::uint32_t b = 0; b <= kStorageBindings; ++b) {

@@ -20,7 +20,7 @@ class MappedBuffer {
   MappedBuffer(VkDevice device, VkPhysicalDevice physical, std::uint64_t bytes) : device_(device), size_(bytes) {
     VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
     bi.size = bytes;
-    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;  // (a status word is filled)
     EXPECT_EQ(vkCreateBuffer(device_, &bi, nullptr, &buffer_), VK_SUCCESS);
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(device_, buffer_, &req);

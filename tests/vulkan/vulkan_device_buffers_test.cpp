@@ -36,7 +36,7 @@ struct Packed {
   AttentionProblem p;
   std::vector<std::uint16_t> q, k, v;
   std::vector<std::int32_t> lengths;
-  std::uint64_t q_at = 0, k_at = 0, v_at = 0, o_at = 0, lengths_at = 0, lse_at = 0, end = 0;
+  std::uint64_t q_at = 0, k_at = 0, v_at = 0, o_at = 0, lengths_at = 0, lse_at = 0, status_at = 0, end = 0;
 
   Packed() {
     p = AttentionProblem::head_first(2, 4, 2, 37, 300, 64, DType::f16);
@@ -65,6 +65,7 @@ struct Packed {
     o_at = place(q.size() * 2);
     lengths_at = place(8);
     lse_at = place(static_cast<std::uint64_t>(rows()) * 4);
+    status_at = place(4);
   }
   std::int64_t rows() const { return p.batch * p.heads * p.q_len; }
   std::int64_t o_elements() const { return rows() * p.head_dim; }
@@ -78,6 +79,7 @@ struct Packed {
     std::memcpy(buf.bytes() + lengths_at, lengths.data(), 8);
     std::memset(buf.bytes() + o_at, 0x7b, q.size() * 2);
     std::memset(buf.bytes() + lse_at, 0x7b, static_cast<std::size_t>(rows()) * 4);
+    std::memset(buf.bytes() + status_at, 0x7b, 4);
   }
   vulkan::DeviceArgs args(const MappedBuffer& buf) const {
     vulkan::DeviceArgs a;
@@ -87,7 +89,13 @@ struct Packed {
     a.o = buf.at(o_at);
     a.key_lengths = buf.at(lengths_at);
     a.lse = buf.at(lse_at);
+    a.status = buf.at(status_at);
     return a;
+  }
+  std::int32_t status(const MappedBuffer& buf) const {
+    std::int32_t v = 0;
+    std::memcpy(&v, buf.bytes() + status_at, 4);
+    return v;
   }
   // The host-buffer call on the Vulkan backend: O then the LSE's bytes.
   std::vector<std::byte> host_call(std::vector<std::int32_t> host_lengths, const std::string& plan = "") const {
@@ -126,6 +134,7 @@ TEST_F(VulkanDeviceBuffers, RunMatchesTheHostCallBitForBit) {
   vulkan::DeviceAttention op(t.p);
   op.run(t.args(buf));
   EXPECT_TRUE(t.device_result(buf) == t.host_call(t.lengths)) << op.describe();
+  EXPECT_EQ(t.status(buf), -1) << "every key length is in range";
   // Again on the same buffers (the kept descriptor set and commands), after poisoning O.
   t.upload(buf);
   op.run(t.args(buf));
@@ -201,14 +210,15 @@ TEST_F(VulkanDeviceBuffers, BadBuffersAreRefusedByNameAndNothingIsWritten) {
   refuses(a, "key_lengths");
 }
 
-// A length in device memory cannot be checked: outside [0, k_len] its entry sees no key (NaN rows, LSE -inf),
-// and the other entry is the host call's, bit for bit.
+// A length in device memory cannot be checked: outside [0, k_len] its entry sees no key (NaN rows, LSE -inf), the
+// status word names it, and the other entry is the host call's, bit for bit.
 TEST_F(VulkanDeviceBuffers, AnOutOfRangeDeviceKeyLengthHidesItsEntry) {
   Packed t;
   t.lengths = {static_cast<std::int32_t>(t.p.k_len + 1), 120};
   MappedBuffer buf = backend_buffer(t.end);
   t.upload(buf);
   vulkan::DeviceAttention(t.p).run(t.args(buf));
+  EXPECT_EQ(t.status(buf), 0) << "the status word names entry 0";
   const std::vector<std::byte> got = t.device_result(buf);
   const std::vector<std::byte> want = t.host_call({50, 120});
   const std::size_t entry_o = static_cast<std::size_t>(t.o_elements() / t.p.batch) * 2;

@@ -32,9 +32,12 @@ class DeviceBatch {
       end = (end + bytes + 255) / 256 * 256;
       return const_cast<void*>(host);
     });
+    status_at_ = end;  // (then the status word)
     const vulkan::NativeHandles h = vulkan::native_handles();
     buffer_ = std::make_unique<MappedBuffer>(reinterpret_cast<VkDevice>(h.device),
-                                             reinterpret_cast<VkPhysicalDevice>(h.physical_device), end);
+                                             reinterpret_cast<VkPhysicalDevice>(h.physical_device), end + 256);
+    const std::int32_t poison = 12345;
+    std::memcpy(buffer_->bytes() + status_at_, &poison, 4);
     const AttentionArgs a = batch.args(o, lse, [&](const void* host, std::size_t bytes) {
       std::memcpy(buffer_->bytes() + offsets_.at(host), host, bytes);
       return static_cast<void*>(buffer_->bytes() + offsets_.at(host));
@@ -49,8 +52,14 @@ class DeviceBatch {
     args_.cu_seqlens_q = at(a.cu_seqlens_q.data);
     args_.cu_seqlens_k = at(a.cu_seqlens_k.data);
     args_.block_table = at(a.block_table.data);
+    args_.status = buffer_->at(status_at_);
   }
   const vulkan::DeviceArgs& args() const { return args_; }
+  std::int32_t status() const {
+    std::int32_t v = 0;
+    std::memcpy(&v, buffer_->bytes() + status_at_, 4);
+    return v;
+  }
   // O and the LSE back into the caller's vectors.
   void fetch() const {
     std::memcpy(o_.data(), buffer_->bytes() + offsets_.at(o_.data()), o_.size());
@@ -67,6 +76,7 @@ class DeviceBatch {
   std::vector<std::uint8_t>& o_;
   std::vector<float>& lse_;
   std::map<const void*, std::uint64_t> offsets_;
+  std::uint64_t status_at_ = 0;
   std::unique_ptr<MappedBuffer> buffer_;
   vulkan::DeviceArgs args_;
 };
@@ -74,15 +84,17 @@ class DeviceBatch {
 struct Outputs {
   std::vector<std::uint8_t> o;
   std::vector<float> lse;
+  std::int32_t status = 0;
 };
 
-// The batch on device buffers (O and the LSE start as the batch's poison).
+// The batch on device buffers (O and the LSE start as the batch's poison), with the status word.
 Outputs run_on_device(const Batch& batch, const std::string& plan) {
   Outputs out{batch.output_buffer(), batch.lse_buffer()};
   const DeviceBatch copies(batch, out.o, out.lse);
   vulkan::DeviceAttention op(batch.problem(), parse_plan_overrides(plan));
   op.run(copies.args());
   copies.fetch();
+  out.status = copies.status();
   return out;
 }
 
@@ -136,6 +148,7 @@ TEST_F(VulkanDeviceSequences, RaggedAndPagedBatchesGiveTheHostCallsBits) {
       for (const std::string& plan : plans_for(t)) {
         SCOPED_TRACE(describe(s) + " " + plan);
         const Outputs host = run_on_host(batch, plan), device = run_on_device(batch, plan);
+        EXPECT_EQ(device.status, -1) << "every value is in range";
         EXPECT_TRUE(device.o == host.o) << "O differs from the host call's";
         EXPECT_TRUE(std::memcmp(device.lse.data(), host.lse.data(), host.lse.size() * sizeof(float)) == 0)
             << "the LSE differs from the host call's";
@@ -144,8 +157,8 @@ TEST_F(VulkanDeviceSequences, RaggedAndPagedBatchesGiveTheHostCallsBits) {
   }
 }
 
-// A sequence array the problem has but the call does not give, or one the problem has not, is an Error naming it,
-// and nothing is written.
+// A sequence array the problem has but the call does not give, or one the problem has not, and a status word
+// inside O or off 4 bytes, are Errors naming the argument, and nothing is written.
 TEST_F(VulkanDeviceSequences, MissingOrExtraSequenceBuffersAreRefusedByName) {
   BatchSpec s = small_paged();
   s.dtype = DType::f16;
@@ -173,11 +186,18 @@ TEST_F(VulkanDeviceSequences, MissingOrExtraSequenceBuffersAreRefusedByName) {
   a = copies.args();
   a.cu_seqlens_q.size = a.cu_seqlens_q.offset + 8;  // ends inside the array of batch + 1 entries
   refuses(a, "cu_seqlens_q.size");
+  a = copies.args();
+  a.status = a.o;  // the status word inside O
+  refuses(a, "o");
+  a = copies.args();
+  a.status.offset += 2;
+  refuses(a, "status.offset");
 }
 
 // One bad device value per run, in the entry it belongs to: that entry's rows are masked rows (keys that cannot be
 // read: cu_seqlens_k past total_k, a block-table entry below 0 or past num_pages, a key length past k_len) or keep
-// their bytes (queries that cannot be placed: cu_seqlens_q past total_q, or decreasing); the other entries' rows are
+// their bytes (queries that cannot be placed: cu_seqlens_q past total_q, or decreasing), and the status word names
+// it (-1 on the clean run); the other entries' rows are
 // the bytes of the call without the bad value; rows past the last entry keep theirs.
 TEST_F(VulkanDeviceSequences, OutOfRangeDeviceValuesMaskTheirEntry) {
   enum class Corrupt { CuSeqlensK, CuSeqlensQPast, CuSeqlensQDecreasing, PageBelow, PagePast, KeyLength };
@@ -208,7 +228,9 @@ TEST_F(VulkanDeviceSequences, OutOfRangeDeviceValuesMaskTheirEntry) {
           break;
         case Corrupt::KeyLength: bad = 2, batch.key_lengths()[2] = 100000; break;
       }
+      EXPECT_EQ(good.status, -1);
       const Outputs got = run_on_device(batch, plan);
+      EXPECT_EQ(got.status, bad) << "the status word names the entry";
       EXPECT_TRUE(rows_are(batch, s, got.o, bad, nan)) << (nan ? "not masked rows" : "written");
       const std::size_t row_bytes = static_cast<std::size_t>(s.heads * s.v_head_dim) * dtype_size(s.dtype);
       for (std::int64_t b = 0; b < 4; ++b) {

@@ -69,6 +69,9 @@ layout(std430, set = 0, binding = 13) buffer Partials { float partials[]; };
 // llvmpipe lowers a dynamically indexed local array to chains of selects and took a minute to compile a 32-dim
 // kernel; buffer indexing compiles at once. The unrolled build keeps them in registers.
 layout(std430, set = 0, binding = 14) buffer ThreadScratch { float thread_scratch[]; };
+// Device-buffer calls (P.device_values): the lowest entry whose device values are out of range (the call fills it
+// with 0xffffffff, -1 as an int32, before its kernels).
+layout(std430, set = 0, binding = 15) buffer Status { uint status_word; };
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define POS_INF uintBitsToFloat(0x7f800000u)
@@ -140,6 +143,9 @@ bool packed_rows_in_range(int first, int next, uint total, uint most) {
   return first >= 0 && next >= first && uint(next) <= total && uint(next - first) <= most;
 }
 
+// Entry b's device values are out of range: the status word keeps the lowest such entry.
+void report_entry(uint b) { atomicMin(status_word, b); }
+
 // core::SequenceAccess::rows_of. Host buffers: the host checked cu_seqlens and the block table before the upload,
 // so every length here lies within [0, q_len] / [0, k_len]. Device buffers (P.device_values): each entry is judged
 // by its own values, as on CUDA (docs/numerics.md): queries that cannot be placed give the entry no rows (nothing
@@ -154,18 +160,22 @@ SequenceRows sequence_rows(uint b) {
     const bool placed = P.device_values == 0u || packed_rows_in_range(first, next, P.total_q, P.q_len);
     s.first_query = placed ? first : 0;
     s.queries = placed ? next - first : 0;
+    if (!placed) report_entry(b);
   }
   s.key_length = P.has_key_lengths != 0u ? key_lengths[b] : int(P.k_len);
+  if (P.device_values != 0u && (s.key_length < 0 || s.key_length > int(P.k_len))) report_entry(b);
   s.first_key = 0;
   if (SEQUENCES != 0 && P.ragged_k != 0u) {
     const int first = cu_seqlens_k[b], next = cu_seqlens_k[b + 1u];
     const bool readable = P.device_values == 0u || packed_rows_in_range(first, next, P.total_k, P.k_len);
     s.first_key = readable ? first : 0;
     s.key_length = readable ? next - first : -1;
+    if (!readable) report_entry(b);
   }
   if (SEQUENCES != 0 && P.device_values != 0u && P.page_size != 0u && s.key_length >= 0 &&
       s.key_length <= int(P.k_len) && !pages_in_range(b, s.key_length)) {
     s.key_length = -1;
+    report_entry(b);
   }
   // Offsets past either end see what the ends see (per-batch offsets from device buffers are clamped here, the
   // scalar one by the host): every bound of visible_keys then stays within [-(q_len + 1), q_len + k_len].
