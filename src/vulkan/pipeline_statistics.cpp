@@ -22,7 +22,10 @@ std::string statistic_value(const VkPipelineExecutableStatisticKHR& s) {
 
 std::string pipeline_label(const std::string& shader, const std::vector<std::int32_t>& constants) {
   std::string s = shader + " [";
-  for (std::size_t i = 0; i < constants.size(); ++i) s += (i > 0 ? "," : "") + std::to_string(constants[i]);
+  for (std::size_t i = 0; i < constants.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(constants[i]);
+  }
   return s + "]";
 }
 
