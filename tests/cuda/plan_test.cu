@@ -227,13 +227,28 @@ TEST(CudaPlan, ADenseDecodeSplitRunsThePlainBuildAsATail) {
 TEST(CudaPlan, SplitRangesAreWholeTilesOfTheKernel) {
   const CudaPlan mqa71 = plan_of(shape(32, 71, 1, 1, 2048, 64, true));
   EXPECT_EQ(mqa71.kernel, Kernel::Warpgroup);
-  EXPECT_EQ(mqa71.key_ranges(), 4);
-  EXPECT_EQ(mqa71.range_keys(), 512);
+  EXPECT_EQ(mqa71.key_ranges(), 2) << "64 row blocks in two ranges of 8 tiles: one round (soonest finish)";
+  EXPECT_EQ(mqa71.range_keys(), 1024);
   // A forced count is kept where whole tiles make it, and rounded down where they do not (7 tiles in 5 ranges: 4).
   EXPECT_EQ(plan_with(shape(1, 32, 8, 1, 8192, 128, true), "kernel=wgmma,splits=32").key_ranges(), 32);
   const CudaPlan odd = plan_with(shape(1, 32, 8, 1, 896, 128, true), "kernel=wgmma,splits=5");
   EXPECT_EQ(odd.key_ranges(), 4);
   EXPECT_EQ(odd.range_keys(), 256);
+}
+
+// Prefill-sized rows on a small grid (a speculative verify step of 16 tokens x 8 heads a group) split for the
+// soonest finish of the wgmma kernel's rounds of one block per SM, not for two blocks per SM: 64 row blocks over 4k
+// keys in 2 ranges (one round), where 5 ranges made three rounds (104 against 79 us on the H100).
+TEST(CudaPlan, APrefillSplitOnTheHopperKernelEndsInWholeRounds) {
+  const CudaPlan verify = plan_of(shape(8, 64, 8, 16, 4096, 128, true));
+  EXPECT_EQ(verify.kernel, Kernel::Warpgroup);
+  EXPECT_EQ(verify.row_blocks, 1);
+  EXPECT_EQ(verify.key_ranges(), 2);
+  EXPECT_LE(verify.blocks, 132);
+  // The mma.sync kernel's split (several blocks per SM) keeps its rule: two blocks per SM of the grid.
+  const CudaPlan mma = plan_with(shape(8, 64, 8, 16, 4096, 128, true), "kernel=mma");
+  EXPECT_EQ(mma.row_blocks, 2);
+  EXPECT_EQ(mma.key_ranges(), 3) << "128 row blocks: ceil(2 x 132 / 128) ranges";
 }
 
 // Up to a consumer warpgroup's 64 rows per K/V head over a long cache stream the same way: each K/V tile is read

@@ -410,6 +410,11 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
              (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
               (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
+    // The wgmma kernel's workers are SMs (above): aiming at two blocks per SM left the last of its rounds part
+    // full. A speculative verify step (8 x 8 K/V heads of 16 queries x 8 heads over 4k keys, head dim 128) took
+    // 104.2 us in 5 ranges (320 blocks of one per SM: three rounds) and 78.7 in 2 (one round) on the H100
+    // (bench/results/2026-12-07-h100-gap-sweep.md). So it takes the split whose rounds end soonest, at most that.
+    if (warpgroup) want = core::split_for_soonest_finish(base_blocks, sms, tiles, 1, want).parts;
   }
   want = std::max(want, least_for_decode);
   if (o.splits > 0) want = std::max(std::min<std::int64_t>(o.splits, tiles), least_for_decode);
