@@ -49,6 +49,7 @@ WORKLOADS = [
     W("falcon_7b_prefill_b2_s2k_mqa71", 2, 71, 1, 2048, 2048, 64),
     W("deepseek_v2_mla_prefill_s4k", 1, 128, 128, 4096, 4096, 192, dv=128),
     W("llama3_8b_chunk_512_of_8k", 4, 32, 8, 512, 8192, 128),
+    W("llama3_8b_chunk_512_of_8k_b1", 1, 32, 8, 512, 8192, 128),
     # Encoders and diffusion (no mask).
     W("sd15_unet_self_4096_d40", 2, 8, 8, 4096, 4096, 40, causal=False),
     W("sd15_unet_self_1024_d80", 2, 8, 8, 1024, 1024, 80, causal=False),
@@ -58,6 +59,7 @@ WORKLOADS = [
     W("bert_base_b64_s128", 64, 12, 12, 128, 128, 64, causal=False),
     # Speculative-decoding verify steps and decode steps.
     W("llama3_8b_verify_b16_q5_k4k", 16, 32, 8, 5, 4096, 128),
+    W("llama3_70b_verify_b8_q16_k4k", 8, 64, 8, 16, 4096, 128),
     W("llama3_8b_decode_b1_k8k", 1, 32, 8, 1, 8192, 128),
     W("llama3_8b_decode_b128_k1k", 128, 32, 8, 1, 1024, 128),
     W("llama3_70b_decode_b8_k8k", 8, 64, 8, 1, 8192, 128),
