@@ -414,7 +414,12 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
     // full. A speculative verify step (8 x 8 K/V heads of 16 queries x 8 heads over 4k keys, head dim 128) took
     // 104.2 us in 5 ranges (320 blocks of one per SM: three rounds) and 78.7 in 2 (one round) on the H100
     // (bench/results/2026-12-07-h100-gap-sweep.md). So it takes the split whose rounds end soonest, at most that.
-    if (warpgroup) want = core::split_for_soonest_finish(base_blocks, sms, tiles, 1, want).parts;
+    // Not the 64-row blocks of head dim 64 (two or three per SM): fewer ranges there can leave one block of three
+    // per SM alone, whose S, softmax and P V run one after the other (Falcon's 71:1 decode steps gained 4-9%, a
+    // compute-bound grid was not measured).
+    if (warpgroup && plan.row_block != kRowBlock) {
+      want = core::split_for_soonest_finish(base_blocks, sms, tiles, 1, want).parts;
+    }
   }
   want = std::max(want, least_for_decode);
   if (o.splits > 0) want = std::max(std::min<std::int64_t>(o.splits, tiles), least_for_decode);
