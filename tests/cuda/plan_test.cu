@@ -547,7 +547,12 @@ TEST(CudaPlan, HeadDimsTakeTheSmallestBucketThatHoldsThem) {
   using cuda::mma_bucket;
   EXPECT_EQ(mma_bucket(1, 1), (HeadDimBucket{32, 32}));
   EXPECT_EQ(mma_bucket(40, 40), (HeadDimBucket{64, 64}));
-  EXPECT_EQ(mma_bucket(80, 80), (HeadDimBucket{96, 96}));
+  EXPECT_EQ(mma_bucket(80, 80), (HeadDimBucket{80, 80}));
+  EXPECT_EQ(mma_bucket(72, 72), (HeadDimBucket{80, 80}));
+  EXPECT_EQ(mma_bucket(88, 88), (HeadDimBucket{96, 96}));
+  const CudaPlan d80_step = plan_with(shape(1, 32, 32, 1, 2048, 80, true), "kernel=mma");
+  EXPECT_GT(d80_step.splits, 1);
+  EXPECT_FALSE(d80_step.cluster_merge) << "no cluster merge is built at V bucket 80: the merge pass runs";
   EXPECT_EQ(mma_bucket(112, 112), (HeadDimBucket{128, 128}));
   EXPECT_EQ(mma_bucket(160, 160), (HeadDimBucket{160, 160}));
   EXPECT_EQ(mma_bucket(192, 128), (HeadDimBucket{192, 128}));
@@ -579,7 +584,8 @@ TEST(CudaPlan, TileTableInvariants) {
   for (const HeadDimBucket b : built) {
     SCOPED_TRACE(std::to_string(b.qk) + ", " + std::to_string(b.v));
     EXPECT_EQ(b.qk % 16, 0) << "k-steps of 16";
-    EXPECT_EQ(b.v % 32, 0) << "the cluster merge's columns per lane";
+    EXPECT_EQ(b.v % 16, 0) << "P V's output columns in pairs of 8-column MMAs";
+    if (cuda::mma_cluster_merge_built(b.v)) EXPECT_EQ(b.v % 32, 0) << "the cluster merge's columns per lane";
     const int keys = cuda::mma_tile_keys(b);
     EXPECT_EQ(keys % 16, 0) << "P V's k-steps of 16 keys";
     EXPECT_EQ(64 % keys == 0 || keys % 64 == 0, true) << "the split granule (64 keys) holds whole tiles";

@@ -25,9 +25,12 @@ constexpr bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 // ---- mma.sync (sm_80+, float16 / bfloat16) ----
 
-// The widths built for Q/K and V alike: multiples of 32 (a lane's columns in the cluster merge) where a model
-// uses them. 40, 80 and 112 run in the next bucket up (a sixth to a fifth of the work is zeros there).
-inline constexpr int kMmaBucketDims[] = {32, 64, 96, 128, 160, 192, 256};
+// The widths built for Q/K and V alike, where models use them: multiples of 32, and 80 (ViT-H's, Phi-2's and
+// Stable Diffusion 1.5's 80, whose MMAs and tiles in the 96 bucket were a sixth zeros). 40 and 112 run in the next
+// bucket up (a 48 bucket spilled 8 bytes in every build). The cluster merge (a lane's columns: multiples of 32) is
+// not built at 80.
+inline constexpr int kMmaBucketDims[] = {32, 64, 80, 96, 128, 160, 192, 256};
+constexpr bool mma_cluster_merge_built(int v) { return v <= 128 && v % 32 == 0; }
 // Pairs with V narrower than Q/K, built as instances of their own (DeepSeek / Kimi MLA prefill: 192 for Q/K,
 // 128 for V). Any other unequal pair runs in the equal bucket of its wider dim.
 inline constexpr HeadDimBucket kMmaUnequalBuckets[] = {{192, 128}};

@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, (mma_min_blocks<DQK, DV>())) attenti
   ATTNKIT_PHASE(5)
 
   auto v_scale_at = [&](int col) { return kQuantized ? v_scales[col] : 1.0f; };
-  if constexpr (DV <= 128 && kClusterMergeBuilt) {
+  if constexpr (mma_cluster_merge_built(DV) && kClusterMergeBuilt) {
     if (p.cluster_merge) {
       // The partial rows go to this block's shared memory (Q and the tiles are free: the loop ended on a
       // barrier with no copy in flight), for the cluster's merge.
@@ -475,6 +475,7 @@ template <class T, class F>
 void with_bucket(HeadDimBucket b, KvType type, bool plain, F&& f) {
   if (b == HeadDimBucket{32, 32}) return with_storage<T, 32, 32>(type, plain, f);
   if (b == HeadDimBucket{64, 64}) return with_storage<T, 64, 64>(type, plain, f);
+  if (b == HeadDimBucket{80, 80}) return with_storage<T, 80, 80>(type, plain, f);
   if (b == HeadDimBucket{96, 96}) return with_storage<T, 96, 96>(type, plain, f);
   if (b == HeadDimBucket{128, 128}) return with_storage<T, 128, 128>(type, plain, f);
   if (b == HeadDimBucket{160, 160}) return with_storage<T, 160, 160>(type, plain, f);
@@ -483,7 +484,7 @@ void with_bucket(HeadDimBucket b, KvType type, bool plain, F&& f) {
   with_storage<T, 256, 256>(type, plain, f);
 }
 constexpr bool built_buckets_dispatched() {
-  constexpr HeadDimBucket kDispatched[] = {{32, 32},   {64, 64},   {96, 96},   {128, 128},
+  constexpr HeadDimBucket kDispatched[] = {{32, 32},   {64, 64},   {80, 80},   {96, 96},  {128, 128},
                                            {160, 160}, {192, 192}, {192, 128}, {256, 256}};
   int built = 0;
   for (int d : kMmaBucketDims) {

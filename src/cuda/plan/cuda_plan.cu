@@ -69,6 +69,13 @@ constexpr std::int64_t kTailMinTiles = 4;
 
 using core::ceil_div;
 
+// Whether a grid of `blocks` blocks (no split) of prefill-sized rows is small enough and its key range long enough
+// for the plan to split the keys across the SMs (plan_for). The SIMT kernel, slow per block, splits shorter ranges.
+bool prefill_split_applies(const AttentionProblem& p, std::int64_t blocks, std::int64_t sms, bool simt) {
+  return blocks > 0 && blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
+         (simt || p.k_len >= 2 * kMinTileSplitKeys || (2 * blocks <= sms && p.k_len >= kMinTileSplitKeys));
+}
+
 // Keys per range of a key split: whole tiles of the kernel that runs it (a range of 4.5 tiles costs what 5 do), and
 // at least kSplitGranule (every range a multiple of every kernel's tile, so that any kernel can run a plan's split).
 std::int64_t split_granule(const CudaPlan& plan, const AttentionProblem& p) {
@@ -287,12 +294,16 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // wave count speaks for mma.sync (BERT's 24 blocks of 128 keys: 4.19 against 4.46 us;
   // bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   const bool paired = !quantized && warpgroup_row_block == kRowBlock;
+  // A grid that the key split spreads over the SMs (prefill_split_applies) is not judged by its blocks before the
+  // split: a speculative verify step of 4 x 8 K/V heads x 128 rows over 8k keys, 32 row blocks, ran XXX us on
+  // the wgmma kernel in 4 ranges against 144.6 on mma.sync in 5 (H100, bench/results/2026-12-07-h100-gap-sweep.md).
   // In the plain build, a grid just past whole waves runs faster on the wgmma kernel too (Whisper's encoder,
   // 144 blocks: 47.4 against 48.3 us on mma.sync; bench/results/2026-11-30-h200-cuda-plain-build.md).
   const bool whole_waves =
       paired || (warpgroup_blocks <= sms && warpgroup_blocks * 4 >= sms) ||
       warpgroup_blocks * 5 >= ceil_div(warpgroup_blocks, sms) * sms * 4 ||
-      (plain_problem(p, o) && warpgroup_blocks * 4 >= sms);
+      (plain_problem(p, o) && warpgroup_blocks * 4 >= sms) ||
+      prefill_split_applies(p, warpgroup_blocks, sms, false);
   const bool long_stream = group_rows <= kStreamRows && long_cache_stream(p, sms);
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
@@ -373,7 +384,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
   // most kMaxClusterSplits ranges (Whisper's cross-attention step, 1500 keys: 12 ranges of 128 keys, 7.65 us,
   // against 8 of 192, 7.94).
   const bool clusters = plan.kernel == CudaPlan::Kernel::TensorCore && device.sm90 &&
-                        mma_bucket(p.head_dim, p.v_head_dim).v <= 128 && !o.is_off("cluster");
+                        mma_cluster_merge_built(mma_bucket(p.head_dim, p.v_head_dim).v) && !o.is_off("cluster");
   if (clusters) most = std::min(most, kMaxClusterSplits);
   std::int64_t want = 1;
   std::int64_t general_want = 0;  // > 0: the split without the device-key-length rule (fallback_splits)
@@ -406,9 +417,7 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
       want = std::max(want, std::min({std::max(for_rounds, for_plain), most,
                                       std::max<std::int64_t>(p.k_len / fewest_keys, 1)}));
     }
-  } else if (base_blocks > 0 && base_blocks < 2 * sms && p.k_len >= 2 * kMinSplitKeys &&
-             (plan.kernel == CudaPlan::Kernel::Simt || p.k_len >= 2 * kMinTileSplitKeys ||
-              (2 * base_blocks <= sms && p.k_len >= kMinTileSplitKeys))) {
+  } else if (prefill_split_applies(p, base_blocks, sms, plan.kernel == CudaPlan::Kernel::Simt)) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
     // The wgmma kernel's workers are SMs (above): aiming at two blocks per SM left the last of its rounds part
     // full. A speculative verify step (8 x 8 K/V heads of 16 queries x 8 heads over 4k keys, head dim 128) took
