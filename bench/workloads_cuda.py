@@ -11,7 +11,14 @@ PyTorch offers for each call:
 Every call is checked first against a float64 reference on sampled query rows (scaled error), then timed with
 CUDA-graph replay (median). The ratio is the best peer's time over attnkit's (> 1: attnkit faster).
 
+`--random N` adds N calls drawn at random (seeded) from the space around the named ones: head dims 32-256 (model
+families' and the odd ones between), GQA ratios 1-16 and MQA, batch 1-64, decode, verify, chunked-prefill,
+causal-prefill and encoder calls; no window or softcap among them, and FlexAttention only where SDPA has no fused
+path (its compile per call would take the run's time). The summary sorts them by ratio, the lowest first:
+where a plan or kernel falls off a cliff outside the named calls.
+
 Run (on a GPU machine, attnkit importable):  python3 bench/workloads_cuda.py --out DIR [--quick] [--only a,b]
+                                              [--random N [--seed S] [--no-named]]
 """
 import argparse
 import datetime
@@ -70,6 +77,42 @@ WORKLOADS = [
     W("falcon_7b_decode_b32_k2k_mqa71", 32, 71, 1, 1, 2048, 64),
     W("qwen2_0p5b_decode_b64_k2k_d64", 64, 14, 2, 1, 2048, 64),
 ]
+
+
+def random_workloads(n, seed):
+    """n calls drawn from the space of real models' calls (see the module's doc), each small enough to time fast."""
+    import random
+    rng = random.Random(seed)
+    dims = [32, 40, 48, 64, 72, 80, 96, 104, 112, 128, 160, 192, 256]
+    out = []
+    while len(out) < n:
+        d = rng.choice(dims)
+        hkv = rng.choice([1, 2, 4, 8, 8, 16, 32])
+        ratio = rng.choice([1, 1, 2, 4, 4, 7, 8, 16]) if hkv > 1 else rng.choice([8, 16, 32, 71])
+        hq = hkv * ratio
+        if hq > 128:
+            continue
+        kind = rng.choice(["decode", "verify", "chunk", "prefill", "encoder"])
+        b = rng.choice([1, 2, 4, 8, 16, 32, 64])
+        causal = kind != "encoder"
+        if kind == "decode":
+            sq, sk = 1, rng.choice([512, 1000, 2048, 4096, 8192, 16384])
+        elif kind == "verify":
+            sq, sk = rng.choice([2, 4, 5, 8, 16]), rng.choice([1024, 2048, 4096, 8192])
+        elif kind == "chunk":
+            sq = rng.choice([64, 128, 256, 512])
+            sk = sq + rng.choice([1024, 2048, 4096, 8192])
+        elif kind == "prefill":
+            sq = sk = rng.choice([200, 512, 1024, 1500, 2048, 4096])
+        else:
+            sq = sk = rng.choice([77, 128, 197, 257, 512, 1024, 4096])
+        flops = 4.0 * b * hq * sq * sk * d
+        kv_bytes = 2.0 * b * hkv * sk * d * 2
+        if flops > 4e11 or kv_bytes > 2e9 or flops < 1e6:
+            continue
+        name = f"r{len(out):02d}_{kind}_b{b}_h{hq}x{hkv}_q{sq}_k{sk}_d{d}"
+        out.append(W(name, b, hq, hkv, sq, sk, d, causal=causal))
+    return out
 
 
 def visible_range(w, i):
@@ -178,7 +221,7 @@ def time_us(fn, rep):
         return float("nan")
 
 
-def measure(w, dtype, rep, attnkit):
+def measure(w, dtype, rep, attnkit, with_flex=True):
     torch.manual_seed(0)
     q = torch.randn(w["b"], w["hq"], w["sq"], w["d"], device="cuda", dtype=dtype)
     k = torch.randn(w["b"], w["hkv"], w["sk"], w["d"], device="cuda", dtype=dtype)
@@ -188,9 +231,10 @@ def measure(w, dtype, rep, attnkit):
     ref = reference(w, q, k, v, rows)
     kwargs = dict(causal=w["causal"], window=w["window"], softcap=w["softcap"], out=o)
     variants = [("attnkit", lambda: attnkit.attention(q, k, v, **kwargs))]
-    variants += sdpa_peers(w, q, k, v)
+    sdpa = sdpa_peers(w, q, k, v)
+    variants += sdpa
     try:
-        variants += flex_peer(w, q, k, v)
+        variants += flex_peer(w, q, k, v) if with_flex or not sdpa else []
     except Exception as e:  # noqa: BLE001 (this torch has no FlexAttention for the call)
         print(f"  flex refused: {type(e).__name__}: {str(e)[:120]}", flush=True)
     r = {"case": w["name"], "dtype": str(dtype).split(".")[-1]}
@@ -239,6 +283,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", help="comma-separated workload names")
     ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--random", type=int, default=0, help="also N random calls (SDPA peers only)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-named", action="store_true", help="only the random calls")
     args = ap.parse_args()
     rep = 25 if args.quick else 100
     only = set(args.only.split(",")) if args.only else None
@@ -248,13 +295,21 @@ def main():
     lines = [header, "", "| call | dtype | attnkit µs | attnkit rate | error | peers µs | best peer | best peer / attnkit |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for w in WORKLOADS:
-        if only and w["name"] not in only:
-            continue
+    named = [] if args.no_named else [w for w in WORKLOADS if not only or w["name"] in only]
+    drawn = random_workloads(args.random, args.seed) if args.random else []
+    results = []
+    for w in named + drawn:
         for d in args.dtypes.split(","):
-            r = measure(w, getattr(torch, d), rep, attnkit)
+            r = measure(w, getattr(torch, d), rep, attnkit, with_flex=w not in drawn)
+            results.append((w in drawn, r))
             lines.append(line(r))
             print(lines[-1], flush=True)
+    if drawn:  # the random calls again, the lowest ratio first
+        ranked = sorted((r for is_drawn, r in results if is_drawn),
+                        key=lambda r: r["best_peer_us"] / r.get("attnkit_us", float("nan"))
+                        if not math.isnan(r["best_peer_us"]) else math.inf)
+        lines += ["", f"Random calls (seed {args.seed}), the lowest ratio first:", "", lines[2], lines[3]]
+        lines += [line(r) for r in ranked]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "workloads_cuda.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
