@@ -13,8 +13,9 @@ CUDA-graph replay (median). The ratio is the best peer's time over attnkit's (> 
 
 `--random N` adds N calls drawn at random (seeded) from the space around the named ones: head dims 32-256 (model
 families' and the odd ones between), GQA ratios 1-16 and MQA, batch 1-64, decode, verify, chunked-prefill,
-causal-prefill and encoder calls; no window or softcap among them, and FlexAttention only where SDPA has no fused
-path (its compile per call would take the run's time). The summary sorts them by ratio, the lowest first:
+causal-prefill and encoder calls; no window or softcap among them, and no FlexAttention (its compile per call would
+take the run's time): a grouped call with a bottom-right causal rule, which SDPA's fused kernels do not take, runs
+them on K/V repeated per query head beforehand (more K/V bytes for the peer: a weaker baseline on decode-like calls). The summary sorts them by ratio, the lowest first:
 where a plan or kernel falls off a cliff outside the named calls.
 
 Run (on a GPU machine, attnkit importable):  python3 bench/workloads_cuda.py --out DIR [--quick] [--only a,b]
@@ -156,7 +157,7 @@ def sampled_rows(sq, device):
     return torch.cat([torch.arange(128, device=device), torch.arange(sq - 128, sq, device=device)])
 
 
-def sdpa_peers(w, q, k, v):
+def sdpa_peers(w, q, k, v, expand=False):
     """SDPA's backends, where SDPA states the call on its fused kernels: no window, no softcap, and a bottom-right
     causal rule over more keys than queries (`causal_lower_right`) only with as many K/V heads as query heads (with
     grouped heads that path expands K/V or leaves the fused kernels: no baseline; FlexAttention takes it)."""
@@ -167,9 +168,13 @@ def sdpa_peers(w, q, k, v):
     if w["causal"] and w["sq"] > 1:
         if w["sq"] == w["sk"]:
             kw["is_causal"] = True
-        elif gqa:
+        elif gqa and not expand:
             return []
         else:
+            if gqa:  # (expand: K/V repeated per query head before timing, an MHA call; for the random calls)
+                k = k.repeat_interleave(w["hq"] // w["hkv"], dim=1)
+                v = v.repeat_interleave(w["hq"] // w["hkv"], dim=1)
+                gqa = False
             from torch.nn.attention.bias import causal_lower_right
             kw["attn_mask"] = causal_lower_right(w["sq"], w["sk"])
     peers = []
@@ -231,10 +236,9 @@ def measure(w, dtype, rep, attnkit, with_flex=True):
     ref = reference(w, q, k, v, rows)
     kwargs = dict(causal=w["causal"], window=w["window"], softcap=w["softcap"], out=o)
     variants = [("attnkit", lambda: attnkit.attention(q, k, v, **kwargs))]
-    sdpa = sdpa_peers(w, q, k, v)
-    variants += sdpa
+    variants += sdpa_peers(w, q, k, v, expand=not with_flex)
     try:
-        variants += flex_peer(w, q, k, v) if with_flex or not sdpa else []
+        variants += flex_peer(w, q, k, v) if with_flex else []
     except Exception as e:  # noqa: BLE001 (this torch has no FlexAttention for the call)
         print(f"  flex refused: {type(e).__name__}: {str(e)[:120]}", flush=True)
     r = {"case": w["name"], "dtype": str(dtype).split(".")[-1]}
