@@ -295,8 +295,8 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // bench/results/2026-11-30-h200-cuda-paired-blocks.md).
   const bool paired = !quantized && warpgroup_row_block == kRowBlock;
   // A grid that the key split spreads over the SMs (prefill_split_applies) is not judged by its blocks before the
-  // split: a speculative verify step of 4 x 8 K/V heads x 128 rows over 8k keys, 32 row blocks, ran XXX us on
-  // the wgmma kernel in 4 ranges against 144.6 on mma.sync in 5 (H100, bench/results/2026-12-07-h100-gap-sweep.md).
+  // split: a speculative verify step of 4 x 8 K/V heads x 128 rows over 8k keys, 32 row blocks, ran 75.6 us on
+  // the wgmma kernel in 4 ranges against 144.8 on mma.sync in 5 (H100, bench/results/2026-12-07-h100-choice-and-mma80.md).
   // In the plain build, a grid just past whole waves runs faster on the wgmma kernel too (Whisper's encoder,
   // 144 blocks: 47.4 against 48.3 us on mma.sync; bench/results/2026-11-30-h200-cuda-plain-build.md).
   const bool whole_waves =
