@@ -251,6 +251,21 @@ TEST(CudaPlan, APrefillSplitOnTheHopperKernelEndsInWholeRounds) {
   EXPECT_EQ(mma.key_ranges(), 3) << "128 row blocks: ceil(2 x 132 / 128) ranges";
 }
 
+// A step of at most two row blocks per K/V head on a grid of a quarter of the SMs or fewer splits key ranges from
+// 512 keys on (tiny_grid_split_applies); a larger grid, or prefill-sized rows, over the same keys do not.
+TEST(CudaPlan, ATinyGridSplitsShortKeyRanges) {
+  const CudaPlan verify = plan_of(shape(1, 128, 16, 8, 1024, 104, true, DType::bf16));  // 16 blocks of 64 rows
+  EXPECT_EQ(verify.kernel, Kernel::TensorCore);
+  EXPECT_EQ(verify.key_ranges(), 4) << "ranges of kMinSplitKeys (256): 64 blocks";
+  const CudaPlan falcon = plan_of(shape(8, 71, 1, 1, 1000, 80, true, DType::bf16));  // 71 rows: 2 blocks a head
+  EXPECT_EQ(falcon.key_ranges(), 3);
+  const CudaPlan chunk = plan_of(shape(1, 2, 2, 64, 1088, 256, true, DType::bf16));
+  EXPECT_EQ(chunk.key_ranges(), 4);
+  EXPECT_EQ(plan_of(shape(1, 128, 16, 8, 500, 104, true, DType::bf16)).key_ranges(), 1) << "under 512 keys";
+  EXPECT_EQ(plan_of(shape(8, 56, 8, 5, 1024, 40, true, DType::bf16)).key_ranges(), 1) << "64 blocks: half the SMs";
+  EXPECT_EQ(plan_of(shape(1, 4, 2, 512, 512, 96, false, DType::bf16)).key_ranges(), 1) << "prefill-sized rows";
+}
+
 // Up to a consumer warpgroup's 64 rows per K/V head over a long cache stream the same way: each K/V tile is read
 // once for all of a group's query rows.
 TEST(CudaPlan, MultiQueryDecodeReadsEachTileOnceForTheGroupAndFillsTheSms) {

@@ -76,6 +76,17 @@ bool prefill_split_applies(const AttentionProblem& p, std::int64_t blocks, std::
          (simt || p.k_len >= 2 * kMinTileSplitKeys || (2 * blocks <= sms && p.k_len >= kMinTileSplitKeys));
 }
 
+// A step of at most two row blocks per K/V head (a verify step or a short chunk of one sequence, a decode step with
+// many query heads on few K/V heads) on a grid of a quarter of the SMs or fewer splits shorter key ranges than
+// prefill_split_applies: each block would otherwise read its whole range alone while most SMs idle. On the H100
+// (bench/results/2026-12-07-h100-random-calls.md): 16 blocks of 64 rows over 1,024 keys 39.6 -> 15.8 us in 4
+// ranges, 2 blocks over 1,088 keys (head dim 256) 95.7 -> 40.2, 71 query heads on one K/V head over 1,000 keys
+// 31.7 -> 16.1 in 4. (Prefill-sized rows keep the longer ranges: their merge reads every row's partials.)
+bool tiny_grid_split_applies(const AttentionProblem& p, std::int64_t group_rows, std::int64_t blocks,
+                             std::int64_t sms) {
+  return blocks > 0 && group_rows <= 2 * kRowBlock && 4 * blocks <= sms && p.k_len >= 2 * kMinSplitKeys;
+}
+
 // Keys per range of a key split: whole tiles of the kernel that runs it (a range of 4.5 tiles costs what 5 do), and
 // at least kSplitGranule (every range a multiple of every kernel's tile, so that any kernel can run a plan's split).
 std::int64_t split_granule(const CudaPlan& plan, const AttentionProblem& p) {
@@ -417,7 +428,8 @@ CudaPlan plan_for(const AttentionProblem& p, bool allow_special, const DeviceTra
       want = std::max(want, std::min({std::max(for_rounds, for_plain), most,
                                       std::max<std::int64_t>(p.k_len / fewest_keys, 1)}));
     }
-  } else if (prefill_split_applies(p, base_blocks, sms, plan.kernel == CudaPlan::Kernel::Simt)) {
+  } else if (prefill_split_applies(p, base_blocks, sms, plan.kernel == CudaPlan::Kernel::Simt) ||
+             tiny_grid_split_applies(p, plan.group_rows, base_blocks, sms)) {
     want = std::min(ceil_div(2 * sms, base_blocks), most);
     // The wgmma kernel's workers are SMs (above): aiming at two blocks per SM left the last of its rounds part
     // full. A speculative verify step (8 x 8 K/V heads of 16 queries x 8 heads over 4k keys, head dim 128) took
