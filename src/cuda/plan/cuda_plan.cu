@@ -316,16 +316,22 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
       (plain_problem(p, o) && warpgroup_blocks * 4 >= sms) ||
       prefill_split_applies(p, warpgroup_blocks, sms, false);
   const bool long_stream = group_rows <= kStreamRows && long_cache_stream(p, sms);
+  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);
+  // Few rows per K/V head above head dim 128, over a cache of any length: the wgmma kernel's 64-key tiles walk a
+  // key range in half (160, 192) or a quarter (256) of mma.sync's dependent tile steps. On an H100, ten decode,
+  // verify and chunk steps at 160-256 over 512-4k keys ran 1.08-1.63x faster so, none slower; in the 64 bucket the
+  // same choice was mixed, 0.82-1.35x, and stays with the rules above
+  // (bench/results/2026-12-07-h100-few-rows-wide-dims.md).
+  const bool wide_few_rows = group_rows <= kStreamRows && width > 128;
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
   // warpgroup_bucket_pays, or its short rows run faster in mma.sync's 64-key tiles, short_rows_prefer_mma, prefill
   // stays on mma.sync)
-  const std::int64_t width = warpgroup_width(p.head_dim, p.v_head_dim);
   const bool long_keys = long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len);
   const bool prefill_wants_warpgroup = !quantized && group_rows > kRowBlock && whole_waves &&
                                        warpgroup_bucket_pays(width, long_keys) && !short_rows_prefer_mma(width, p.k_len);
-  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream);
+  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream || wide_few_rows);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
