@@ -18,6 +18,7 @@ Runtime column: its CPU provider has no bfloat16 kernel of either op.
     .venv/bin/python bench/cpu_vs_peers.py                    # all cases, 3 runs, bench/results/cpu-peers-<stamp>.md
     .venv/bin/python bench/cpu_vs_peers.py --case whisper --dtype float32 --runs 1 --min-time 0.2 --out -
     .venv/bin/python bench/cpu_vs_peers.py --workloads         # real models' calls outside the table
+    .venv/bin/python bench/cpu_vs_peers.py --random 24 --random-seed 1   # calls drawn from real models' space
 
 PyTorch and ONNX Runtime are optional: a missing one leaves its column empty (`pip install torch onnxruntime onnx`).
 """
@@ -77,6 +78,25 @@ WORKLOADS = [
     ("phi3_decode_b4_k2k_d96", 4, 32, 32, 1, 2048, 96, True),
 ]
 DTYPES = ("float32", "bfloat16", "float16")
+# --random: calls drawn as on the GPU (bench/random_calls.py), each at most 4 GFLOP and 150 MB of K/V at 2 bytes an
+# element, so that a call of the slowest peer takes tens of milliseconds on two cores.
+RANDOM_MAX_FLOPS = 4e9
+RANDOM_MAX_KV_BYTES = 1.5e8
+_random_specs = []
+
+
+def random_specs(n, seed):
+    from random_calls import draw
+
+    _random_specs[:] = [(c["name"], c["b"], c["hq"], c["hkv"], c["sq"], c["sk"], c["d"], c["causal"])
+                        for c in draw(n, seed, RANDOM_MAX_FLOPS, RANDOM_MAX_KV_BYTES)]
+    return list(_random_specs)
+
+
+def spec_index(spec):
+    """A case's place in the tables (random calls after them): part of its inputs' seed."""
+    named = CASES + WORKLOADS
+    return named.index(spec) if spec in named else len(named) + _random_specs.index(spec)
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}  # docs/numerics.md, scaled error
 
 
@@ -318,7 +338,7 @@ def time_turns(runs, min_time, min_samples, block_time, pause):
 
 
 def run_case(spec, dtype, args, impls):
-    rng = np.random.default_rng([args.seed, (CASES + WORKLOADS).index(spec), DTYPES.index(dtype)])
+    rng = np.random.default_rng([args.seed, spec_index(spec), DTYPES.index(dtype)])
     case = Case(spec, dtype, rng)
     ref = case.reference()
     names, runs, row = [], [], {"case": case.name, "dtype": dtype, "gflop": case.flops() / 1e9}
@@ -440,6 +460,9 @@ def main():
     parser.add_argument("--case", action="append", help="only cases whose name contains this (repeatable)")
     parser.add_argument("--workloads", action="store_true",
                         help="the real models' calls outside the table (WORKLOADS) instead of the table")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="N random calls (bench/random_calls.py, sized for a CPU) instead of the table")
+    parser.add_argument("--random-seed", type=int, default=1, help="the draw of --random's calls (default 1)")
     parser.add_argument("--dtype", action="append", choices=DTYPES)
     parser.add_argument("--gqa", action="store_true", help="also time attnkit.group_query_attention on the Llama rows")
     parser.add_argument("--ab", help="also time attnkit with these plan overrides (e.g. off=bf16-dot), in turns")
@@ -471,7 +494,8 @@ def main():
 
     now = datetime.datetime.now(datetime.timezone.utc)
     out_path = args.out or os.path.join(HERE, "results", f"cpu-peers-{now:%Y-%m-%dT%H%MZ}.md")
-    specs = [s for s in (WORKLOADS if args.workloads else CASES) if not args.case or any(c in s[0] for c in args.case)]
+    table = random_specs(args.random, args.random_seed) if args.random else WORKLOADS if args.workloads else CASES
+    specs = [s for s in table if not args.case or any(c in s[0] for c in args.case)]
     dtypes = args.dtype or DTYPES
     load_start = load_average()
     runs = []

@@ -81,39 +81,11 @@ WORKLOADS = [
 
 
 def random_workloads(n, seed):
-    """n calls drawn from the space of real models' calls (see the module's doc), each small enough to time fast."""
-    import random
-    rng = random.Random(seed)
-    dims = [32, 40, 48, 64, 72, 80, 96, 104, 112, 128, 160, 192, 256]
-    out = []
-    while len(out) < n:
-        d = rng.choice(dims)
-        hkv = rng.choice([1, 2, 4, 8, 8, 16, 32])
-        ratio = rng.choice([1, 1, 2, 4, 4, 7, 8, 16]) if hkv > 1 else rng.choice([8, 16, 32, 71])
-        hq = hkv * ratio
-        if hq > 128:
-            continue
-        kind = rng.choice(["decode", "verify", "chunk", "prefill", "encoder"])
-        b = rng.choice([1, 2, 4, 8, 16, 32, 64])
-        causal = kind != "encoder"
-        if kind == "decode":
-            sq, sk = 1, rng.choice([512, 1000, 2048, 4096, 8192, 16384])
-        elif kind == "verify":
-            sq, sk = rng.choice([2, 4, 5, 8, 16]), rng.choice([1024, 2048, 4096, 8192])
-        elif kind == "chunk":
-            sq = rng.choice([64, 128, 256, 512])
-            sk = sq + rng.choice([1024, 2048, 4096, 8192])
-        elif kind == "prefill":
-            sq = sk = rng.choice([200, 512, 1024, 1500, 2048, 4096])
-        else:
-            sq = sk = rng.choice([77, 128, 197, 257, 512, 1024, 4096])
-        flops = 4.0 * b * hq * sq * sk * d
-        kv_bytes = 2.0 * b * hkv * sk * d * 2
-        if flops > 4e11 or kv_bytes > 2e9 or flops < 1e6:
-            continue
-        name = f"r{len(out):02d}_{kind}_b{b}_h{hq}x{hkv}_q{sq}_k{sk}_d{d}"
-        out.append(W(name, b, hq, hkv, sq, sk, d, causal=causal))
-    return out
+    """n calls drawn from the space of real models' calls (bench/random_calls.py), each small enough to time fast."""
+    from random_calls import draw
+
+    return [W(c["name"], c["b"], c["hq"], c["hkv"], c["sq"], c["sk"], c["d"], causal=c["causal"])
+            for c in draw(n, seed, max_flops=4e11, max_kv_bytes=2e9)]
 
 
 def visible_range(w, i):

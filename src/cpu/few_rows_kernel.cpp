@@ -29,6 +29,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -57,13 +59,39 @@ HWY_INLINE VF load_float(const T* HWY_RESTRICT p) {
   }
 }
 
+// The first n (0 < n < a vector's lanes) elements at p as float32, zeros in the other lanes, reading nothing past
+// p[n - 1]: a head dim's last partial vector (40 = 2 x 16 + 8 with AVX-512). Element by element, those dims made
+// the few-rows item 2.2x slower at head dim 40 than at 48 (bench/results/cpu-2026-12-07-zen4-random-calls.md).
+// Masked loads where the target's cannot fault, else a copy into a zeroed vector.
 template <class T>
-HWY_INLINE float scalar_float(const T* p) {
+HWY_INLINE VF load_float_first(const T* HWY_RESTRICT p, std::int64_t n) {
+  const DF df;
+#if !HWY_MEM_OPS_MIGHT_FAULT
   if constexpr (std::is_same_v<T, float>) {
-    return *p;
+    return hn::MaskedLoad(hn::FirstN(df, static_cast<std::size_t>(n)), df, p);
   } else {
-    return load_as_float(p, std::is_same_v<T, hwy::float16_t> ? DType::f16 : DType::bf16, 0);
+    const hn::Rebind<std::uint16_t, DF> du;
+    const auto bits = hn::MaskedLoad(hn::FirstN(du, static_cast<std::size_t>(n)), du,
+                                     reinterpret_cast<const std::uint16_t*>(p));
+    return hn::PromoteTo(df, hn::BitCast(hn::Rebind<T, DF>(), bits));
   }
+#else
+  T padded[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::memcpy(padded, p, static_cast<std::size_t>(n) * sizeof(T));
+  return load_float(padded);
+#endif
+}
+
+// Stores the first n (0 < n < lanes) lanes of v at p, writing nothing past p[n - 1].
+HWY_INLINE void store_first(VF v, float* HWY_RESTRICT p, std::int64_t n) {
+  const DF df;
+#if !HWY_MEM_OPS_MIGHT_FAULT
+  hn::BlendedStore(v, hn::FirstN(df, static_cast<std::size_t>(n)), df, p);
+#else
+  float padded[HWY_MAX_BYTES / sizeof(float)];
+  hn::StoreU(v, df, padded);
+  std::memcpy(p, padded, static_cast<std::size_t>(n) * sizeof(float));
+#endif
 }
 
 // The sum of each of four vectors' lanes, in lanes 0..3 of a 128-bit vector: pairs of lanes, then pairs of
@@ -115,18 +143,17 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
           for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::MulAdd(qv, kv[g], acc[r][g]);
         }
       }
+      if (full < dim) {  // the last partial vector, zeros past the dim
+        VF kv[kKeysPerGroup];
+        for (int g = 0; g < kKeysPerGroup; ++g) kv[g] = load_float_first(k[j + g] + full, dim - full);
+        for (int r = 0; r < R; ++r) {
+          const VF qv = load_float_first(q + r * dim + full, dim - full);
+          for (int g = 0; g < kKeysPerGroup; ++g) acc[r][g] = hn::MulAdd(qv, kv[g], acc[r][g]);
+        }
+      }
       for (int r = 0; r < R; ++r) {
         const auto sums = sums_of_four(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
         hn::StoreU(sums, hn::Full128<float>(), s + r * kKeyTile + j);
-      }
-      if (full < dim) {
-        for (int r = 0; r < R; ++r) {
-          for (int g = 0; g < kKeysPerGroup; ++g) {
-            float t = s[r * kKeyTile + j + g];
-            for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k[j + g] + d), t);
-            s[r * kKeyTile + j + g] = t;
-          }
-        }
       }
     }
   }
@@ -139,11 +166,11 @@ HWY_INLINE void score_tile(const float* HWY_RESTRICT q, std::int64_t dim, const 
       const VF kv = load_float(k[j] + d);
       for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + r * dim + d), kv, acc[r]);
     }
-    for (int r = 0; r < R; ++r) {
-      float t = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-      for (std::int64_t d = full; d < dim; ++d) t = std::fma(q[r * dim + d], scalar_float(k[j] + d), t);
-      s[r * kKeyTile + j] = t;
+    if (full < dim) {
+      const VF kv = load_float_first(k[j] + full, dim - full);
+      for (int r = 0; r < R; ++r) acc[r] = hn::MulAdd(load_float_first(q + r * dim + full, dim - full), kv, acc[r]);
     }
+    for (int r = 0; r < R; ++r) s[r * kKeyTile + j] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
   }
 }
 
@@ -179,20 +206,28 @@ HWY_INLINE void value_vectors(const float* HWY_RESTRICT p, std::int64_t n, const
   }
 }
 
-// The output dims [d0, dv) past the last whole vector, one at a time, as value_vectors.
-template <int R, class T>
-HWY_INLINE void value_scalars(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t d0,
-                              std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-  for (std::int64_t d = d0; d < dv; ++d) {
-    float acc[R] = {};
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float x = scalar_float(v[j] + d);
-      for (int r = 0; r < R; ++r) {
-        const float w = p[r * kKeyTile + j];
-        if (w != 0.0f) acc[r] = std::fma(w, x, acc[r]);
+// The output dims [d0, dv) past the last whole vector (fewer than a vector's lanes), as value_vectors with one
+// partial vector.
+template <int R, bool kSkipZeros, class T>
+HWY_INLINE void value_last_vector(const float* HWY_RESTRICT p, std::int64_t n, const T* const* v, std::int64_t d0,
+                                  std::int64_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  const DF df;
+  const std::int64_t m = dv - d0;
+  VF acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const VF vv = load_float_first(v[j] + d0, m);
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * kKeyTile + j];
+      if constexpr (kSkipZeros) {
+        if (w == 0.0f) continue;
       }
+      acc[r] = hn::MulAdd(hn::Set(df, w), vv, acc[r]);
     }
-    for (int r = 0; r < R; ++r) o[r * dv + d] = std::fma(o[r * dv + d], alpha[r], acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = o + r * dv + d0;
+    store_first(hn::MulAdd(load_float_first(out, m), hn::Set(df, alpha[r]), acc[r]), out, m);
   }
 }
 
@@ -221,7 +256,13 @@ HWY_INLINE void value_tile(const float* HWY_RESTRICT p, std::int64_t n, const T*
     default: value_vectors_for<R, 3>(zero_weights, p, n, v, d0, dv, alpha, o); break;
   }
   d0 += (dv - d0) / L * L;
-  if (d0 < dv) value_scalars<R>(p, n, v, d0, dv, alpha, o);
+  if (d0 < dv) {
+    if (zero_weights) {
+      value_last_vector<R, true>(p, n, v, d0, dv, alpha, o);
+    } else {
+      value_last_vector<R, false>(p, n, v, d0, dv, alpha, o);
+    }
+  }
 }
 
 // The rows of one item: where each query lives, which keys of the item's range it sees.
