@@ -522,8 +522,9 @@ TEST(CudaPlan, EveryHeadDimRunsOnTensorCores) {
   }
 }
 
-// Prefill over few keys at a head dim under 112 between the wgmma buckets stays on mma.sync (short_rows_prefer_mma);
-// from 512 keys, at the buckets themselves, and from 112 up, the wgmma kernel takes it.
+// Prefill over few keys at a head dim up to 96 between the wgmma buckets stays on mma.sync (short_rows_prefer_mma);
+// from 512 keys, at the buckets themselves, and from 104 up (mma.sync's bucket is 128 there too), the wgmma kernel
+// takes it.
 TEST(CudaPlan, ShortRowsBetweenBucketsStayOnTheMmaSyncKernel) {
   EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 80, false)).kernel, Kernel::TensorCore);  // ViT-H/14
   EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 80, true)).kernel, Kernel::TensorCore);
@@ -532,6 +533,7 @@ TEST(CudaPlan, ShortRowsBetweenBucketsStayOnTheMmaSyncKernel) {
   EXPECT_EQ(plan_of(shape(8, 16, 16, 512, 512, 80, false)).kernel, Kernel::Warpgroup);
   EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 64, false)).kernel, Kernel::Warpgroup);
   EXPECT_EQ(plan_of(shape(64, 12, 12, 128, 128, 112, false)).kernel, Kernel::Warpgroup);
+  EXPECT_EQ(plan_of(shape(64, 16, 2, 128, 128, 104, false)).kernel, Kernel::Warpgroup);
   EXPECT_EQ(plan_of(shape(32, 16, 16, 257, 257, 160, false)).kernel, Kernel::Warpgroup);
 }
 

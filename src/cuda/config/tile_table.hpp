@@ -130,15 +130,17 @@ constexpr WarpgroupWidths warpgroup_widths(std::int64_t head_dim, std::int64_t v
 // 1.1x) and from 4096 with one (1.02-1.23x); on shorter ones (MiniLM's 128 tokens, causal 512-2048) mma.sync's
 // finer bucket is up to 1.4x faster (bench/results/2026-12-03-h200-small-head-dims.md).
 constexpr bool warpgroup_bucket_pays(std::int64_t head_dim, bool long_keys) { return head_dim > 32 || long_keys; }
-// Prefill over few keys (a ViT's 257 tokens, a UNet's cross-attention over 77 text tokens) at a head dim under 112
+// Prefill over few keys (a ViT's 257 tokens, a UNet's cross-attention over 77 text tokens) at a head dim up to 96
 // that is not a wgmma bucket: the mma.sync kernel's 64-key tiles and finer bucket ran faster on the H200 (d 40 over
 // 77 keys 16.1 against 17.5 us, over 256 13.0 against 15.1; d 80 over 257 109 against 114, causal 94 against 119;
 // d 96 over 257 111 against 114), while from 512 keys the wgmma kernel leads (d 40 20.8 against 22.6, d 80 49.8
 // against 70.1), and at d 112 even over 128 keys (48.6 against 56.8;
-// bench/results/2026-12-05-h200-split-tiles-and-short-keys.md).
+// bench/results/2026-12-05-h200-split-tiles-and-short-keys.md). Above 96 mma.sync's bucket is 128 too, so only its
+// shorter tiles would speak for it: at d 104 over 128 keys the wgmma kernel ran 1.14x faster (H100, 73.4 against
+// 64.4 us; bench/results/2026-12-07-h100-main-checked-tiny-grid-and-random-seed9.md).
 inline constexpr std::int64_t kShortRowKeys = 320;
 constexpr bool short_rows_prefer_mma(std::int64_t width, std::int64_t k_len) {
-  return width < 112 && width % 64 != 0 && k_len <= kShortRowKeys;
+  return width <= 96 && width % 64 != 0 && k_len <= kShortRowKeys;
 }
 // Whether a prefill's rows see enough keys for the wgmma bucket at head dims up to 32 (above).
 constexpr bool long_keys_for_small_dims(bool causal, bool windowed, std::int64_t k_len) {
