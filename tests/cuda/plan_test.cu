@@ -294,14 +294,17 @@ TEST(CudaPlan, AShortCacheStaysOnTheMmaSyncKernel) {
 }
 
 // Above head dim 128 few rows per K/V head take the wgmma kernel over any cache (its 64-key tiles against
-// mma.sync's 32 or 16); in the 64 and 128 buckets the short-cache rule above stands.
-TEST(CudaPlan, FewRowsAboveHeadDim128TakeTheWgmmaKernelOverShortCaches) {
+// mma.sync's 32 or 16); in the 64 bucket so do decode steps of 17-64 rows; otherwise the short-cache rule above stands.
+TEST(CudaPlan, FewRowsOverShortCachesTakeTheWgmmaKernelWhereItsTilesPay) {
   EXPECT_EQ(plan_of(shape(1, 128, 32, 1, 1000, 192, true)).kernel, Kernel::Warpgroup) << "4 rows, d 192";
   EXPECT_EQ(plan_of(shape(1, 8, 1, 1, 4096, 256, true)).kernel, Kernel::Warpgroup) << "8 rows, d 256";
   EXPECT_EQ(plan_of(shape(1, 16, 8, 32, 1024, 256, true)).kernel, Kernel::Warpgroup) << "64 rows, d 256";
   EXPECT_EQ(plan_of(shape(4, 32, 8, 1, 2048, 160, true)).kernel, Kernel::Warpgroup) << "4 rows, d 160";
   EXPECT_EQ(plan_of(shape(1, 128, 32, 1, 1000, 192, true), /*sm90=*/false).kernel, Kernel::TensorCore) << "sm_80";
-  EXPECT_EQ(plan_of(shape(8, 32, 8, 5, 2048, 64, true)).kernel, Kernel::TensorCore) << "20 rows, d 64";
+  EXPECT_EQ(plan_of(shape(8, 32, 8, 5, 2048, 64, true)).kernel, Kernel::TensorCore) << "20 rows, d 64, verify";
+  EXPECT_EQ(plan_of(shape(1, 32, 1, 1, 4096, 48, true)).kernel, Kernel::Warpgroup) << "32 rows, d 48, decode";
+  EXPECT_EQ(plan_of(shape(16, 64, 1, 1, 1024, 64, true)).kernel, Kernel::Warpgroup) << "64 rows, d 64, decode";
+  EXPECT_EQ(plan_of(shape(1, 12, 12, 1, 448, 64, true)).kernel, Kernel::TensorCore) << "1 row: Whisper's decoder";
   EXPECT_EQ(plan_of(shape(1, 32, 8, 1, 4096, 128, true)).kernel, Kernel::TensorCore) << "4 rows, d 128";
 }
 

@@ -323,6 +323,12 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // same choice was mixed, 0.82-1.35x, and stays with the rules above
   // (bench/results/2026-12-07-h100-few-rows-wide-dims.md).
   const bool wide_few_rows = group_rows <= kStreamRows && width > 128;
+  // A decode step of 17-64 rows per K/V head in the 64 bucket (multi-query decode at head dims 40-64) over a short
+  // cache: the wgmma kernel's plain build, its 128-key tiles by TMA, ran 1.07-1.35x faster than mma.sync on an H100
+  // (four such steps, 512-4k keys); verify steps there (causal rows, the general build) ran 0.82-0.90x, and steps of
+  // fewer rows were not measured apart, so both stay (2026-12-07-h100-few-rows-wide-dims.md).
+  const bool multi_query_decode_64 = p.q_len == 1 && group_rows > 16 && group_rows <= kStreamRows && width > 32 &&
+                                     width <= 64 && plain_split_shape(p) && !o.is_off("plain");
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
@@ -331,7 +337,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   const bool long_keys = long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len);
   const bool prefill_wants_warpgroup = !quantized && group_rows > kRowBlock && whole_waves &&
                                        warpgroup_bucket_pays(width, long_keys) && !short_rows_prefer_mma(width, p.k_len);
-  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream || wide_few_rows);
+  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream || wide_few_rows || multi_query_decode_64);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
