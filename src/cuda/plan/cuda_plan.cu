@@ -320,7 +320,7 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // Few rows per K/V head above head dim 128, over a cache of any length: the wgmma kernel's 64-key tiles walk a
   // key range in half (160, 192) or a quarter (256) of mma.sync's dependent tile steps. On an H100, ten decode,
   // verify and chunk steps at 160-256 over 512-4k keys ran 1.08-1.63x faster so, none slower; in the 64 bucket the
-  // same choice was mixed, 0.82-1.35x, and stays with the rules above
+  // same choice was mixed, 0.82-1.35x: there only the decode steps below take it
   // (bench/results/2026-12-07-h100-few-rows-wide-dims.md).
   const bool wide_few_rows = group_rows <= kStreamRows && width > 128;
   // A decode step of 17-64 rows per K/V head in the 64 bucket (multi-query decode at head dims 40-64) over a short
