@@ -65,8 +65,8 @@ HWY_INLINE VF load_float(const T* HWY_RESTRICT p) {
 // Masked loads where the target's cannot fault, else a copy into a zeroed vector.
 template <class T>
 HWY_INLINE VF load_float_first(const T* HWY_RESTRICT p, std::int64_t n) {
-  const DF df;
 #if !HWY_MEM_OPS_MIGHT_FAULT
+  const DF df;
   if constexpr (std::is_same_v<T, float>) {
     return hn::MaskedLoad(hn::FirstN(df, static_cast<std::size_t>(n)), df, p);
   } else {
