@@ -277,6 +277,48 @@ TEST(CudaAttention, PlainDecodeSplitWithDeviceKeyLengthsGivesTheGeneralBuildsBit
   }
 }
 
+// A decode step whose group does not divide the wgmma kernel's block rows (64 at head dim 64, 128 at 128: groups
+// of 5, 7, 12 and 71) takes Q by TMA as the block's run of heads, the rows past its group other groups' heads (or
+// zeros past the last head), computed and never stored. Forced onto the wgmma kernel, in its plain build (the
+// decode split as a split tail) and its general one (off=plain), with and without device key lengths: the
+// reference's values, the gaps of a padded output untouched, and the same bytes from both builds.
+TEST(CudaAttention, DecodeStepsOfAnyGroupTakeQByTmaOnTheWgmmaKernel) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "the wgmma kernel needs compute 9.0";
+  struct Shape { std::int64_t batch, heads, kv, k, d; bool lengths; };
+  for (const Shape s : {Shape{3, 71, 1, 1500, 64, false}, Shape{2, 71, 1, 700, 64, true},
+                        Shape{2, 28, 4, 2000, 128, false}, Shape{3, 40, 8, 1100, 128, true},
+                        Shape{2, 24, 2, 900, 64, false}}) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      CaseSpec spec;
+      spec.name = "decode-group";
+      spec.batch = s.batch; spec.heads = s.heads; spec.kv_heads = s.kv; spec.q_len = 1; spec.k_len = s.k;
+      spec.head_dim = s.d; spec.causal = true; spec.lse = true; spec.layout = LayoutKind::PositionsFirst;
+      if (s.lengths) spec.key_lengths = KeyLengths::Random;
+      SCOPED_TRACE("group " + std::to_string(s.heads / s.kv) + " d " + std::to_string(s.d) + " " +
+                   std::string(dtype_name(t)) + (s.lengths ? " key lengths" : ""));
+      CaseData data(spec, t, 83);
+      const auto ref = data.reference();
+      DeviceMirror dev(data);
+      Attention plain(data.problem(), cuda_config("kernel=wgmma"));
+      const std::string kernel = plain.describe();
+      ASSERT_NE(kernel.find("wgmma"), std::string::npos) << kernel;
+      dev.run(plain);
+      const auto first = data.output_bytes();
+      EXPECT_LE(data.scaled_error(ref), tolerance(t)) << kernel;
+      EXPECT_LE(data.lse_error(ref), tolerance(t)) << kernel;
+      EXPECT_TRUE(data.gaps_untouched());
+      Attention general(data.problem(), cuda_config("kernel=wgmma,off=plain"));
+      dev.run(general);
+      EXPECT_LE(data.scaled_error(ref), tolerance(t)) << general.describe();
+      EXPECT_TRUE(data.gaps_untouched());
+      if (kernel.find("plain") != std::string::npos) {
+        EXPECT_EQ(first, data.output_bytes()) << kernel << " against " << general.describe();
+      }
+    }
+  }
+}
+
 // The plain build of three blocks per SM (head dim 64) runs a persistent grid where it has more blocks than places
 // and a full enough last round (CudaPlan::persistent_places): each block runs several units of work, its K/V ring
 // and Q barrier carrying on

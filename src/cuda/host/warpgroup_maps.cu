@@ -128,14 +128,18 @@ bool encode_kv_map(CUtensorMap& map, const void* data, const DeviceLayout& l, co
 
 // Q as a 4-d tensor (head dim, head, query, batch) whose boxes are one block's rows (64 or 128) in row_of's order
 // (`group` heads fastest, then rows / group queries), 64 columns per box, in the 128-byte swizzle; queries past
-// q_len read as zeros. Only where a block's rows start on a query (rows % group == 0) and are row_of's (no ragged
-// or paged sequences), from float K/V's blocks (a quantized cache's build folds K's scales into its own copy).
-// The kernel takes it where nothing else touches Q first (attention_wgmma_kernel-inl.cuh's q_by_tma).
+// q_len read as zeros. Where a block's rows start on a query (rows % group == 0); or, for a single query, as
+// `rows` consecutive heads from the block's first (a decode step of any group: 5, 7 or 71 heads per K/V head),
+// whose rows past the group are other groups' heads or zeros, computed and never stored. Only where the rows are
+// row_of's (no ragged or paged sequences), from float K/V's blocks (a quantized cache's build folds K's scales
+// into its own copy). The kernel takes it where nothing else touches Q first (attention_wgmma_kernel-inl.cuh's
+// q_by_tma; its issue_q addresses both boxes).
 bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   const std::int64_t g = p.group;
   const std::int64_t rows = warpgroup_rows(p.head_dim, KvType::Float);
-  if (p.has_sequences || p.k_type != KvType::Float || g < 1 || rows % g != 0 || p.v_head_dim != p.head_dim ||
-      (p.head_dim != 64 && p.head_dim != 128)) {
+  const bool whole_queries = g >= 1 && rows % g == 0;
+  if (p.has_sequences || p.k_type != KvType::Float || g < 1 || (!whole_queries && p.q_len != 1) ||
+      p.v_head_dim != p.head_dim || (p.head_dim != 64 && p.head_dim != 128)) {
     return false;
   }
   const DeviceLayout& l = p.lq;
@@ -146,7 +150,8 @@ bool encode_q_map(CUtensorMap& map, const KernelParams& p, DType dtype) {
   for (int i = 0; i < 3; ++i) {
     if (dims[i + 1] == 1) strides[i] = i == 0 ? 16 : strides[i - 1] * dims[i];
   }
-  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(g), static_cast<cuuint32_t>(rows / g), 1};
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(whole_queries ? g : rows),
+                             static_cast<cuuint32_t>(whole_queries ? rows / g : 1), 1};
   void* start = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(p.q) + l.offset * 2);
   return encode_cached(map,
                        dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

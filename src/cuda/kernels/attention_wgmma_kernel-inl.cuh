@@ -256,11 +256,14 @@ __global__ void __launch_bounds__(block_threads<T, D, S>(), blocks_per_sm<T, D, 
       p.q_by_tma && (kPlain || (!kQuantized && p.inputs_ready && !p.has_sequences && !rotary));
   auto issue_q = [&] {  // (the block's current unit)
     sm90::mbarrier_arrive_expect(q_full, static_cast<unsigned>(tile_bytes<D>(kBlockRows)));
-    const int first_query = static_cast<int>(c.row_block * kBlockRows / p.group);
+    // (One query: the block's rows are heads from its first on, whichever box the map has; see encode_q_map.)
+    const bool one_query = p.q_len == 1;
+    const int first_query = one_query ? 0 : static_cast<int>(c.row_block * kBlockRows / p.group);
+    const int first_head = static_cast<int>(c.kvh * p.group + (one_query ? c.row_block * kBlockRows : 0));
 #pragma unroll
     for (int b = 0; b < D / 64; ++b) {
-      sm90::tma_load_4d(qs + b * kBlockRows * 128, &maps.q, b * 64, static_cast<int>(c.kvh * p.group), first_query,
-                        static_cast<int>(c.b), q_full);
+      sm90::tma_load_4d(qs + b * kBlockRows * 128, &maps.q, b * 64, first_head, first_query, static_cast<int>(c.b),
+                        q_full);
     }
   };
   const int early_tile = static_cast<int>(c.key_begin) / kTileKeys * kTileKeys;
