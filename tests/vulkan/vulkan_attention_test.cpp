@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 namespace attnkit::test {
 namespace {
@@ -220,6 +222,42 @@ TEST_F(VulkanTest, BadKeyLengthRejectedWithNothingWritten) {
     EXPECT_EQ(e.argument().rfind("q", 0), 0u) << e.what();
   }
   EXPECT_EQ(poisoned, data.output_bytes());
+}
+
+// Non-finite values reach only their own rows, on every kernel, whole and split (docs/numerics.md): a NaN in a query
+// row makes that row's scores NaN, a +inf in the mask makes its row's score +inf, and each such row is NaN; NaN in K
+// and V past the key length (keys outside every row's range) reaches no row; every other row is the reference's.
+TEST_F(VulkanTest, NonFiniteValuesStayInTheirRows) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (DType t : {DType::f16, DType::f32}) {
+    Manual m(1, 4, 1, 24, 200, 64, 64, t);
+    m.randomize(5);
+    m.add_mask();
+    m.add_key_lengths(180);
+    for (std::int64_t d = 0; d < 64; ++d) {
+      m.set(m.k, m.k_at(0, 0, 195, d), kNan);
+      m.set(m.v, m.v_at(0, 0, 190, d), kNan);
+    }
+    m.set(m.q, m.q_at(0, 3, 0, 7), kNan);  // head 3, query 0: NaN scores
+    m.mask_at(0, 1, 5, 30) = kInf;         // head 1, query 5: a +inf score
+    const auto ref = m.reference();
+    auto nan_row = [](std::int64_t h, std::int64_t i) { return (h == 3 && i == 0) || (h == 1 && i == 5); };
+    for (const std::string& kernel : accepted_kernels(m.p)) {
+      for (const std::int64_t splits : {std::int64_t{0}, std::int64_t{3}}) {
+        SCOPED_TRACE(kernel + " " + std::string(dtype_name(t)) + " splits " + std::to_string(splits));
+        m.run(vulkan_config(kernel, splits));
+        for (std::int64_t h = 0; h < 4; ++h) {
+          for (std::int64_t i = 0; i < 24; ++i) {
+            for (std::int64_t d = 0; d < 64; d += 9) {
+              EXPECT_EQ(std::isnan(m.out(0, h, i, d)), nan_row(h, i)) << "head " << h << " query " << i;
+            }
+          }
+        }
+        EXPECT_LE(m.scaled_error(ref), tolerance(t));
+      }
+    }
+  }
 }
 
 TEST_F(VulkanTest, PlanOverridesAndUnsupportedStorageRejectedByName) {
