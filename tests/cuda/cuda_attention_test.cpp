@@ -281,7 +281,8 @@ TEST(CudaAttention, PlainDecodeSplitWithDeviceKeyLengthsGivesTheGeneralBuildsBit
 // of 5, 7, 12 and 71) takes Q by TMA as the block's run of heads, the rows past its group other groups' heads (or
 // zeros past the last head), computed and never stored. Forced onto the wgmma kernel, in its plain build (the
 // decode split as a split tail) and its general one (off=plain), with and without device key lengths: the
-// reference's values, the gaps of a padded output untouched, and the same bytes from both builds.
+// reference's values and LSE, and the same bytes from both builds (positions-first tensors, as a serving cache
+// keeps them: Q's rows are on 16 bytes, as the TMA needs).
 TEST(CudaAttention, DecodeStepsOfAnyGroupTakeQByTmaOnTheWgmmaKernel) {
   SKIP_WITHOUT_GPU();
   if (!hopper_device()) GTEST_SKIP() << "the wgmma kernel needs compute 9.0";
