@@ -1,5 +1,6 @@
 // The tiled CPU kernel's bfloat16 products: the AMX tiles (bfloat16 K/V on CPUs with AMX-BF16) and the
-// vdpbf16ps scores (bfloat16 K on CPUs with AVX-512 BF16 and no AMX, or with "off=amx"). Every case on each path
+// vdpbf16ps scores (bfloat16 K on CPUs with AVX-512 BF16: the plan's choice on AMD cores without AMX, forced by
+// "kernel=bf16-dot"). Every case on each path
 // the CPU has and with it left out ("off=amx", "off=amx+bf16-dot": the SIMD float32 products), each against the
 // float64 reference at the CPU's bounds; bit-identical bytes over thread counts and cut calls; the products
 // themselves against float64 sums. A path this CPU lacks is never planned, and its own checks skip.
@@ -254,16 +255,19 @@ namespace {
 
 bool took_bf16_dot(const std::string& describe) { return describe.find("vdpbf16ps") != std::string::npos; }
 
-// The vdpbf16ps scores: taken by the plan wherever the CPU has them and AMX is out of the way, never with
-// "off=bf16-dot"; every case within the bounds either way.
+// The vdpbf16ps scores: forced by "kernel=bf16-dot" wherever the CPU has them (AMX or not), never with
+// "off=bf16-dot"; every case within the bounds either way. The plan's own choice (AMX out of the way) takes them
+// where they pay only.
 TEST(Bf16Dot, MatchesTheReferenceOnBothPaths) {
   int on_dot = 0;
   for (const CaseSpec& spec : amx_cases()) {
     SCOPED_TRACE(spec_string(spec));
     CaseData data(spec, DType::bf16, 23);
     const auto ref = data.reference();
+    EXPECT_EQ(took_bf16_dot(Attention(data.problem(), with_overrides("off=amx")).describe()),
+              cpu::bf16_dot::pays());
     for (bool dot : {true, false}) {
-      const Outcome o = run_and_measure(data, ref, with_overrides(dot ? "off=amx" : "off=amx+bf16-dot"));
+      const Outcome o = run_and_measure(data, ref, with_overrides(dot ? "kernel=bf16-dot" : "off=amx+bf16-dot"));
       EXPECT_EQ(took_bf16_dot(o.describe), dot && cpu::bf16_dot::available()) << o.describe;
       on_dot += took_bf16_dot(o.describe);
       EXPECT_LE(o.err, testing::tolerance(DType::bf16)) << o.describe;
@@ -287,7 +291,7 @@ TEST(Bf16Dot, ThreadCountsAndCutCallsKeepTheBits) {
         data.poison_outputs();
         AttentionProblem p = data.problem();
         p.work_budget = budget;
-        AttentionConfig config = with_overrides("off=amx");
+        AttentionConfig config = with_overrides("kernel=bf16-dot");
         config.threads = threads;
         Attention(p, config).run(data.args());
         if (base.empty()) {

@@ -185,7 +185,8 @@ bool backend_available(Backend b);
 struct PlanOverrides {
   // A kernel of plan_kernel_names(). CUDA: it runs the problem wherever it accepts it (else the plan's own choice
   // runs; describe() names the kernel that does). Vulkan ("rows", "coopmat"): a kernel that cannot run the
-  // problem is an Error. "": the plan's choice.
+  // problem is an Error. CPU ("bf16-dot"): the tiled kernel's vdpbf16ps scores for bfloat16 wherever the CPU has
+  // AVX512_BF16 (the plan takes them where they pay: AMD cores), else the plan's own choice. "": the plan's choice.
   std::string kernel;
   std::int64_t splits = 0;  // key ranges of every problem the kernel may split (0: the plan's choice)
   std::vector<std::string> off;  // plan features left out (plan_feature_names(): "plain", "cluster", ...)
@@ -198,7 +199,7 @@ struct PlanOverrides {
 };
 // Throws Error("plan", ...) naming the unknown key, kernel or feature (and the ones there are).
 PlanOverrides parse_plan_overrides(const std::string& text);
-// The CUDA and Vulkan backends' kernels, and the plan features that `off` can leave out (each with what it does).
+// The CUDA, Vulkan and CPU backends' kernels, and the plan features that `off` can leave out (each with what it does).
 std::vector<std::string> plan_kernel_names();
 std::vector<std::pair<std::string, std::string>> plan_features();
 

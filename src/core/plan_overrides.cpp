@@ -11,7 +11,8 @@ namespace {
 
 const std::vector<std::string>& kernel_names() {
   // CUDA's registry (cuda_plan.cu), then Vulkan's kernels (vulkan_plan.cpp).
-  static const std::vector<std::string> names{"simt", "mma", "wgmma", "decode", "decode-mma", "tf32", "rows", "coopmat"};
+  static const std::vector<std::string> names{"simt", "mma", "wgmma", "decode", "decode-mma", "tf32", "rows", "coopmat",
+                                                "bf16-dot"};
   return names;
 }
 
@@ -42,7 +43,7 @@ const std::vector<std::pair<std::string, std::string>>& feature_list() {
       {"prefetch-ahead", "the CPU's prefetch of the next tile's rows over streaming K/V (few-rows items: K, while a tile's scores run; tiled items: K and V read in place)"},
       {"prefetch-items", "the CPU tiled items' early requests for the next tile they copy and the next item's rows (calls larger than a thread's L2)"},
       {"interleaved-scores", "the few-rows kernel's scores of a wide item's heads in turns by group of keys (each head's whole tile in turn)"},
-      {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items (the SIMD float32 products run)"},
+      {"bf16-dot", "the CPU's vdpbf16ps scores for bfloat16 tiled items, where the plan takes them (the SIMD float32 products run)"},
       {"rounded-p", "bfloat16 on the CPU's AMX tiles: P rounded to bfloat16 for P V (P's three terms, all 24 bits, instead)"},
   };
   return features;

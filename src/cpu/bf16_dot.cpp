@@ -22,6 +22,7 @@
 namespace attnkit::cpu::bf16_dot {
 
 bool available() { return cpu_kernel_features().avx512_bf16; }
+bool pays() { return available() && cpu_kernel_features().pair_dot_outruns_fma; }
 
 #ifdef ATTNKIT_BF16_DOT_TARGET
 namespace {

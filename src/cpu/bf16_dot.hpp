@@ -24,6 +24,9 @@ inline constexpr int kVectorLanes = 16;  // float32 lanes of one 512-bit registe
 
 // Whether this CPU runs the instruction (asked once per process).
 bool available();
+// Whether it runs it fast enough to pay against the float32 products (CpuKernelFeatures::pair_dot_outruns_fma):
+// the plan's own choice. `kernel=bf16-dot` in the plan overrides takes it wherever it is available.
+bool pays();
 // S^T rows 0..n-1 (n <= kKeyTile) for the first `lanes` query lanes (rounded up to kVectorLanes).
 void scores(const std::uint16_t* q_pairs, std::int64_t dim, const std::uint16_t* const* krow, std::int64_t n,
             std::int64_t lanes, float* st);

@@ -22,6 +22,7 @@ CpuKernelFeatures& cpu_kernel_features() {
     __builtin_cpu_init();
     f.avx512_bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    f.pair_dot_outruns_fma = f.avx512_bf16 && __builtin_cpu_is("amd");
 #endif
     return f;
   }();

@@ -13,6 +13,11 @@ namespace attnkit::cpu {
 // may turn a feature off to run (and check) the path other CPUs take.
 struct CpuKernelFeatures {
   bool avx512_bf16 = false;
+  // vdpbf16ps runs more products a cycle than the float32 multiply-add (its pairs: two a lane): AMD's cores (on a
+  // Zen 5 the tiled kernel's pair scores ran 1.11-1.21x faster). On an Intel Xeon with AVX512_FP16 and no AMX it
+  // ran half the products of the 512-bit multiply-add (bench/fma_roofline.cpp: 86 against 172 GFLOP/s a core), and
+  // the tiled kernel's float32 products 1.14-1.40x faster (bench/results/cpu-2026-12-07-xeon-bf16-dot-gated.md).
+  bool pair_dot_outruns_fma = false;
 };
 CpuKernelFeatures& cpu_kernel_features();
 

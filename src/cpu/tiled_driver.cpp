@@ -322,7 +322,8 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
                              (padded_keys - p.k_len) * 16 <= p.k_len;
   const bool amx_dtype = p.dtype == DType::bf16 || (p.dtype == DType::f16 && f16_tiles_pay);
   plan.amx = amx_dtype && p.k_storage.type == KvType::Float && p.v_storage.type == KvType::Float &&
-             plan.group_rows > kMaxFewRows && !overrides.is_off("amx") && amx::available();
+             plan.group_rows > kMaxFewRows && !overrides.is_off("amx") && overrides.kernel != "bf16-dot" &&
+             amx::available();
   // P rounded to the element type for P V, as on the CUDA tensor cores (bfloat16); float16's 11 bits take all of
   // P's (the tiles hold bfloat16 only).
   plan.p_terms = p.dtype == DType::bf16 && !overrides.is_off("rounded-p") ? 1 : amx::kMaxProbabilityTerms;
@@ -333,8 +334,10 @@ TiledPlan plan_tiled(const AttentionProblem& p, int threads, const PlanOverrides
   // is read across the heads at once; on K/V that stays in the caches the turns cost more than they save (Whisper's
   // decoder step 0.87x), bench/results/cpu-paged-nhd-2026-12-05-xeon.md.
   plan.interleaved_scores = streams && !overrides.is_off("interleaved-scores");
+  // The pair dot product's scores only where they run faster than the float32 products (bf16_dot::pays), or forced.
   plan.bf16_dot = p.dtype == DType::bf16 && p.k_storage.type == KvType::Float && plan.group_rows > kMaxFewRows &&
-                  !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available();
+                  !plan.amx && !overrides.is_off("bf16-dot") && bf16_dot::available() &&
+                  (bf16_dot::pays() || overrides.kernel == "bf16-dot");
   plan.row_blocks = ceil_div(plan.group_rows, kRowBlock);
   const std::int64_t base_items = p.batch * p.kv_heads * plan.row_blocks;
   plan.base_items = base_items;
