@@ -308,6 +308,24 @@ TEST(CudaPlan, FewRowsOverShortCachesTakeTheWgmmaKernelWhereItsTilesPay) {
   EXPECT_EQ(plan_of(shape(1, 32, 8, 1, 4096, 128, true)).kernel, Kernel::TensorCore) << "4 rows, d 128";
 }
 
+// Decode steps of a group that does not divide the wgmma kernel's rows (Q by TMA as a run of heads), over 2k keys
+// or more on a grid too small for mma.sync unsplit: the wgmma kernel. Shorter caches, grids that fill the SMs,
+// groups that divide the rows and other head dims keep their kernels.
+TEST(CudaPlan, OddGroupDecodeStepsOverLongerCachesTakeTheWgmmaKernel) {
+  EXPECT_EQ(plan_of(shape(1, 28, 4, 1, 4096, 128, true, DType::bf16)).kernel, Kernel::Warpgroup) << "7 heads, b 1";
+  EXPECT_EQ(plan_of(shape(16, 28, 4, 1, 2048, 128, true, DType::bf16)).kernel, Kernel::Warpgroup) << "7 heads, b 16";
+  EXPECT_EQ(plan_of(shape(8, 40, 8, 1, 2048, 128, true, DType::bf16)).kernel, Kernel::Warpgroup) << "5 heads";
+  EXPECT_EQ(plan_of(shape(4, 24, 2, 1, 3000, 64, true, DType::bf16)).kernel, Kernel::Warpgroup) << "12 heads, d 64";
+  EXPECT_EQ(plan_of(lengths_step(8, 28, 4, 4096, 128)).kernel, Kernel::Warpgroup) << "device key lengths";
+  EXPECT_EQ(plan_of(shape(32, 24, 2, 1, 1024, 64, true, DType::bf16)).kernel, Kernel::TensorCore) << "1k keys";
+  EXPECT_EQ(plan_of(shape(64, 28, 4, 1, 1024, 128, true, DType::bf16)).kernel, Kernel::TensorCore) << "full grid";
+  EXPECT_EQ(plan_of(shape(40, 28, 4, 1, 2048, 128, true, DType::bf16)).kernel, Kernel::TensorCore) << "160 heads";
+  EXPECT_EQ(plan_of(shape(1, 32, 8, 1, 4096, 128, true, DType::bf16)).kernel, Kernel::TensorCore) << "4 divides 128";
+  EXPECT_EQ(plan_of(shape(1, 28, 4, 1, 4096, 96, true, DType::bf16)).kernel, Kernel::TensorCore) << "head dim 96";
+  EXPECT_EQ(plan_of(shape(1, 28, 4, 2, 4096, 128, true, DType::bf16)).kernel, Kernel::TensorCore) << "2 queries";
+  EXPECT_EQ(plan_with(shape(1, 28, 4, 1, 4096, 128, true, DType::bf16), "off=plain").kernel, Kernel::TensorCore);
+}
+
 TEST(CudaPlan, PlainShortProblemsTakeThePlainBuild) {
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 64, false)).plain);
   EXPECT_TRUE(plan_of(shape(8, 12, 12, 128, 128, 32, false)).plain) << "MiniLM, on the mma.sync kernel";

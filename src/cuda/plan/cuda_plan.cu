@@ -49,6 +49,8 @@ constexpr std::int64_t kStreamKeysPerSm = 4096;
 constexpr std::int64_t kLongCacheKeys = 8192;
 constexpr std::int64_t kStreamMinKeys = 4096;
 constexpr std::int64_t kStreamBytesPerSm = 256 * 1024;
+// Keys from which a decode step of a group that does not divide the wgmma kernel's rows takes that kernel (below).
+constexpr std::int64_t kOddGroupDecodeKeys = 2048;
 
 // Whether a step's K and V are a long stream (above): the work is reading them.
 bool long_cache_stream(const AttentionProblem& p, std::int64_t sms) {
@@ -329,6 +331,17 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   // fewer rows were not measured apart, so both stay (2026-12-07-h100-few-rows-wide-dims.md).
   const bool multi_query_decode_64 = p.q_len == 1 && group_rows > 16 && group_rows <= kStreamRows && width > 32 &&
                                      width <= 64 && plain_split_shape(p) && !o.is_off("plain");
+  // A decode step whose group does not divide the wgmma kernel's block rows (5, 7 or 12 heads per K/V head: Qwen's
+  // 28 on 4 and 40 on 8) over 2k keys or more, with too few blocks for mma.sync to run unsplit: its Q comes by TMA
+  // as a run of heads too (encode_q_map), and its split tail ran 1.30-1.40x faster than mma.sync's key split on an
+  // H100 (four such steps at batch 1-16 over 2k-4k keys); at 1k keys (12 heads per K/V head, batch 32: 0.87x) and
+  // where mma.sync's grid fills the SMs unsplit (batch 32-64 over 1k, 0.97x) mma.sync stays
+  // (bench/sweeps/decode-odd-groups-wgmma-2026-12-07.txt). Groups that divide the rows were not measured since.
+  // (Head dims 64 and 128 only: the bucket's own dims, where Q has a tensor map.)
+  const bool odd_group_decode = p.q_len == 1 && group_rows <= kStreamRows && warpgroup_row_block % group_rows != 0 &&
+                                (p.head_dim == 64 || p.head_dim == 128) && p.v_head_dim == p.head_dim &&
+                                p.k_len >= kOddGroupDecodeKeys && p.batch * p.kv_heads < sms &&
+                                plain_split_shape(p) && !o.is_off("plain");
   // A quantized cache runs the wgmma kernel's 64-row blocks on one consumer warpgroup (the other converts its
   // tiles): a decode step's way, not a prefill's.
   // (a head dim between buckets: where the wgmma bucket's zero columns cost more than mma.sync's finer bucket,
@@ -337,7 +350,8 @@ CudaPlan::Kernel choose_kernel(const AttentionProblem& p, std::int64_t group_row
   const bool long_keys = long_keys_for_small_dims(p.causal, p.window.value_or(0) > 0, p.k_len);
   const bool prefill_wants_warpgroup = !quantized && group_rows > kRowBlock && whole_waves &&
                                        warpgroup_bucket_pays(width, long_keys) && !short_rows_prefer_mma(width, p.k_len);
-  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream || wide_few_rows || multi_query_decode_64);
+  const bool warpgroup_wanted = !warpgroup_off && (prefill_wants_warpgroup || long_stream || wide_few_rows ||
+                                                   multi_query_decode_64 || odd_group_decode);
   if (warpgroup_ok && warpgroup_wanted) return CudaPlan::Kernel::Warpgroup;
   if (mma_ok) return CudaPlan::Kernel::TensorCore;
   if (decode_ok && !o.is_off("decode") &&
