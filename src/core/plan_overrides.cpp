@@ -10,7 +10,7 @@ namespace attnkit {
 namespace {
 
 const std::vector<std::string>& kernel_names() {
-  // CUDA's registry (cuda_plan.cu), then Vulkan's kernels (vulkan_plan.cpp).
+  // CUDA's registry (cuda_plan.cu), then Vulkan's kernels (vulkan_plan.cpp), then the CPU's (tiled_driver.cpp).
   static const std::vector<std::string> names{"simt", "mma", "wgmma", "decode", "decode-mma", "tf32", "rows", "coopmat",
                                                 "bf16-dot"};
   return names;
